@@ -1,0 +1,239 @@
+"""Ahead-of-time memory plan of a full fine-tune train step, from shapes alone (nothing is allocated).
+
+    python benchmarks/aot_memory.py                                   # qwq_32b on 8/16/32 fake CPU devices
+    python benchmarks/aot_memory.py --platform gpu_mock --out $OUT/aot_gpu.json   # on a GPU box: XLA:GPU compiler
+
+The train step is what RL training runs: forward through the scanned decoder, the chunked log-prob loss (a
+policy-gradient-shaped objective, sum of advantage * log-prob over response tokens), backward, and an optax AdamW
+update, jitted with NamedShardings over a (data=1, fsdp=N/tensor, tensor) mesh and parameters/optimizer state donated.
+Inputs are jax.ShapeDtypeStructs; `jit(...).lower(...).compile().memory_analysis()` reports XLA's per-device buffer
+assignment, printed next to an analytic budget (params, grads, AdamW moments, activations at --seq-len tokens per
+sequence and --per-device-batch sequences per device under the chosen remat).
+
+Platforms:
+  cpu       N fake host devices (--xla_force_host_platform_device_count). XLA:CPU's buffer assignment approximates
+            XLA:GPU's; attention must be "chunked" (pure-JAX blockwise), whose [B, H, chunk, T] score blocks are
+            larger than cuDNN flash attention's on-chip tiles, so CPU numbers are an upper bound for attention.
+  gpu_mock  on a machine with >= 1 GPU: JAX_MOCK_GPU_TOPOLOGY="1xNx1" makes XLA:GPU compile for N GPUs (mock NCCL),
+            with cuDNN flash attention: the real compiler's memory plan. Each device count runs in its own process.
+AOT_EXTRA_XLA_FLAGS (env) is appended to the cpu workers' XLA_FLAGS, e.g. "--xla_dump_to=/tmp/dump" to read XLA's
+buffer assignment (*memory-usage-report.txt) and see which buffers make up the peak.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+GB = 1e9
+HBM = {"H100 80GB": 80 * GB, "H200 141GB": 141 * GB}
+HEADROOM = 0.90       # fits = peak <= 90% of HBM (cuDNN workspace, NCCL buffers, fragmentation)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwq_32b")
+    p.add_argument("--devices", default="8,16,32", help="comma-separated device counts")
+    p.add_argument("--platform", choices=("cpu", "gpu_mock"), default="cpu")
+    p.add_argument("--seq-len", type=int, default=16384)
+    p.add_argument("--per-device-batch", type=int, default=1, help="sequences per data-parallel device")
+    p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size (the rest of the devices is fsdp)")
+    p.add_argument("--remat", default="full")
+    p.add_argument("--param-dtype", default="float32")
+    p.add_argument("--attention", default=None, help="default: chunked on cpu, auto (cuDNN) on gpu_mock")
+    p.add_argument("--attention-chunk", type=int, default=256)
+    p.add_argument("--logprob-chunk", type=int, default=1024)
+    p.add_argument("--timeout", type=int, default=900, help="seconds per device count")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------- analytic budget
+def analytic_budget(config, n_devices: int, args) -> dict[str, float]:
+    """Per-device bytes. Params/grads/moments are fully sharded (fsdp x tensor = all devices)."""
+    n_params = config.param_count()
+    p_bytes = 4 if args.param_dtype == "float32" else 2
+    b, t, h = args.per_device_batch, args.seq_len, config.hidden_size
+    layers, inter, vocab = config.num_hidden_layers, config.intermediate_size, config.vocab_size
+    q_width, kv_width = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    act = 2  # bf16 activations
+    out = {
+        "params": n_params * p_bytes / n_devices,
+        "grads": n_params * p_bytes / n_devices,
+        "adam_moments": 2 * n_params * 4 / n_devices,
+    }
+    # Saved between layers under remat="full": each layer's input (the scan carry) for the backward pass.
+    out["saved_layer_inputs"] = layers * b * t * h * act
+    # Working set while one layer is recomputed and differentiated: x, normed x, q, k, v, attention out, gate,
+    # up, silu*up (forward) and about as much again for their cotangents.
+    per_token = 2 * h + q_width + 2 * kv_width + q_width + 3 * inter
+    out["layer_working_set"] = 2 * b * t * per_token * act // max(1, args.tensor)
+    # One log-prob chunk: fp32 logits, probabilities and their cotangent.
+    out["logprob_chunk"] = 3 * b * min(args.logprob_chunk, t) * vocab * 4 // max(1, args.tensor)
+    # FSDP: one layer's weights all-gathered in bf16, twice (current + prefetched next).
+    out["gathered_layer_weights"] = 2 * config.layer_param_count() * 2 // max(1, args.tensor)
+    out["total"] = sum(out.values())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- one device count
+def worker(args) -> dict:
+    n = args.worker
+    if args.platform == "cpu":
+        extra = os.environ.get("AOT_EXTRA_XLA_FLAGS", "")      # e.g. --xla_dump_to=DIR to read buffer assignment
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n} {extra}".strip()
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    else:
+        os.environ["JAX_MOCK_GPU_TOPOLOGY"] = f"1x{n}x1"   # n mock hosts with one GPU each
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"           # the one real GPU stands for each mock host's GPU
+        os.environ.setdefault("JAX_PLATFORMS", "cuda")
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from kevin_jax import parallel
+    from kevin_jax.model import qwen2
+    from kevin_jax.model.shapes import named_config
+
+    if len(jax.devices()) != n:
+        raise RuntimeError(f"asked for {n} devices, JAX sees {len(jax.devices())} ({jax.devices()[:2]}...)")
+    attention = args.attention or ("chunked" if args.platform == "cpu" else "auto")
+    config = named_config(args.model)
+    options = qwen2.ModelOptions(dtype="bfloat16", param_dtype=args.param_dtype, remat=args.remat,
+                                 attention=attention, attention_chunk=args.attention_chunk)
+    parallel_config = parallel.ParallelConfig(data=1, fsdp=-1, tensor=args.tensor)
+    if args.platform == "gpu_mock":   # mock hosts have no real topology to optimise the device order for
+        shape = parallel.mesh_shape(parallel_config, n)
+        mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(shape), parallel.MESH_AXES,
+                                 axis_types=(jax.sharding.AxisType.Auto,) * len(parallel.MESH_AXES))
+    else:
+        mesh = parallel.make_mesh(parallel_config)
+    graphdef, abstract_params = nnx.split(qwen2.abstract_model(config, options))
+    param_shardings = qwen2.param_shardings(abstract_params, mesh)
+    params_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             abstract_params, param_shardings)
+    optimizer = optax.adamw(1e-6, b1=0.9, b2=0.999, weight_decay=0.01)
+    opt_abstract = jax.eval_shape(optimizer.init, params_in)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    # AdamW moments are shaped like the params and sharded like them; the step count is replicated.
+    opt_shardings = optax.tree_map_params(optimizer, lambda _, s: s, opt_abstract, param_shardings,
+                                          transform_non_params=lambda _: replicated)
+    opt_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_abstract,
+                          opt_shardings)
+
+    batch_size = args.per_device_batch * mesh.shape["data"] * mesh.shape["fsdp"]
+    row = parallel.batch_sharding(mesh, 2)
+    vec = parallel.batch_sharding(mesh, 1)
+    shape2 = (batch_size, args.seq_len)
+    batch_in = {
+        "tokens": jax.ShapeDtypeStruct(shape2, jnp.int32, sharding=row),
+        "segment_ids": jax.ShapeDtypeStruct(shape2, jnp.int32, sharding=row),
+        "targets": jax.ShapeDtypeStruct(shape2, jnp.int32, sharding=row),
+        "loss_mask": jax.ShapeDtypeStruct(shape2, jnp.float32, sharding=row),
+        "advantages": jax.ShapeDtypeStruct((batch_size,), jnp.float32, sharding=vec),
+    }
+
+    def train_step(params, opt_state, batch):
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p)
+            logprobs = model.token_logprobs(batch["tokens"], None, batch["segment_ids"], batch["targets"],
+                                            chunk_size=args.logprob_chunk, right_padded=True)
+            weights = batch["loss_mask"] * batch["advantages"][:, None]
+            return -jnp.sum(logprobs * weights) / jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    step = jax.jit(train_step, in_shardings=(param_shardings, opt_shardings, None),
+                   out_shardings=(param_shardings, opt_shardings, None), donate_argnums=(0, 1))
+    t0 = time.time()
+    with parallel.activation_sharding(mesh):
+        lowered = step.lower(params_in, opt_in, batch_in)
+    t1 = time.time()
+    compiled = lowered.compile()
+    t2 = time.time()
+    ma = compiled.memory_analysis()
+    xla = {k: int(getattr(ma, k)) for k in ("argument_size_in_bytes", "output_size_in_bytes",
+                                            "alias_size_in_bytes", "temp_size_in_bytes",
+                                            "generated_code_size_in_bytes") if hasattr(ma, k)}
+    xla["peak_estimate_bytes"] = (xla["argument_size_in_bytes"] + xla["output_size_in_bytes"]
+                                  - xla["alias_size_in_bytes"] + xla["temp_size_in_bytes"])
+    return {"devices": n, "mesh": parallel.describe(mesh), "platform": args.platform,
+            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "jax": jax.__version__, "model": args.model, "attention": attention, "remat": args.remat,
+            "param_dtype": args.param_dtype, "seq_len": args.seq_len, "per_device_batch": args.per_device_batch,
+            "global_batch": batch_size, "lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1),
+            "xla": xla, "analytic": analytic_budget(config, n, args)}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def fits(peak: float) -> str:
+    return " ".join(f"{name.split()[0]}:{'yes' if peak <= HEADROOM * cap else 'NO'}" for name, cap in HBM.items())
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| devices | mesh | XLA args GB | XLA temp GB | XLA peak GB | analytic GB (params+grads+adam / act) "
+             "| fits (<=90% HBM) | compile s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['devices']} | - | - | - | - | - | error: {r['error'][:80]} | - |")
+            continue
+        x, a = r["xla"], r["analytic"]
+        states = (a["params"] + a["grads"] + a["adam_moments"]) / GB
+        acts = (a["total"] / GB) - states
+        lines.append(f"| {r['devices']} | {r['mesh']} | {x['argument_size_in_bytes'] / GB:.1f} | "
+                     f"{x['temp_size_in_bytes'] / GB:.1f} | {x['peak_estimate_bytes'] / GB:.1f} | "
+                     f"{a['total'] / GB:.1f} ({states:.1f} / {acts:.1f}) | {fits(x['peak_estimate_bytes'])} | "
+                     f"{r['compile_s']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker is not None:
+        print("AOT_RESULT " + json.dumps(worker(args)), flush=True)
+        return
+    results = []
+    for n in [int(x) for x in args.devices.split(",")]:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n)] + (argv or sys.argv[1:])
+        start = time.time()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("AOT_RESULT ")]
+            if proc.returncode != 0 or not lines:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                results.append({"devices": n, "error": " | ".join(tail) or f"exit {proc.returncode}"})
+            else:
+                results.append(json.loads(lines[-1][len("AOT_RESULT "):]))
+        except subprocess.TimeoutExpired:
+            results.append({"devices": n, "error": f"timed out after {args.timeout}s"})
+        r = results[-1]
+        print(f"[{n} devices] {time.time() - start:.0f}s " +
+              (f"peak {r['xla']['peak_estimate_bytes'] / GB:.1f} GB" if "xla" in r else r["error"]), flush=True)
+    print()
+    print(f"model={args.model} seq_len={args.seq_len} per_device_batch={args.per_device_batch} remat={args.remat} "
+          f"param_dtype={args.param_dtype} platform={args.platform} tensor={args.tensor}")
+    print(table(results))
+    for r in results:
+        if "analytic" in r:
+            parts = ", ".join(f"{k} {v / GB:.2f}" for k, v in r["analytic"].items())
+            print(f"analytic per device, {r['devices']} devices (GB): {parts}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

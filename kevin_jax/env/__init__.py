@@ -1,0 +1,1 @@
+"""The multi-turn kernel environment: prompts, response parsing, the policy contract and the episode runner."""

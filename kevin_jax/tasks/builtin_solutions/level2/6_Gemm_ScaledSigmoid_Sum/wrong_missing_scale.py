@@ -1,0 +1,88 @@
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+gemm_sigmoid_sum_source = r"""
+#include <torch/extension.h>
+
+#define TILE 32
+
+// z[M, N] = scale * sigmoid(x[M, K] @ w[N, K]^T + bias)
+__global__ void gemm_scaled_sigmoid_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                           const float* __restrict__ bias, float* __restrict__ z, int M, int N, int K,
+                                           float scale) {
+    __shared__ float x_tile[TILE][TILE];
+    __shared__ float w_tile[TILE][TILE + 1];
+    int row = blockIdx.y * TILE + threadIdx.y;
+    int col = blockIdx.x * TILE + threadIdx.x;
+    int w_row = blockIdx.x * TILE + threadIdx.y;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TILE) {
+        int k = k0 + threadIdx.x;
+        x_tile[threadIdx.y][threadIdx.x] = (row < M && k < K) ? x[(long)row * K + k] : 0.0f;
+        w_tile[threadIdx.y][threadIdx.x] = (w_row < N && k < K) ? w[(long)w_row * K + k] : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TILE; ++kk) acc += x_tile[threadIdx.y][kk] * w_tile[threadIdx.x][kk];
+        __syncthreads();
+    }
+    if (row < M && col < N) {
+        float v = acc + bias[col];
+        z[(long)row * N + col] = 1.0f / (1.0f + expf(-v));  // BUG: the helper module's scale is dropped
+    }
+}
+
+// out[m, 0] = sum_n z[m, n], one block per row.
+__global__ void row_sum_kernel(const float* __restrict__ z, float* __restrict__ out, int cols) {
+    __shared__ float scratch[32];
+    const float* row = z + (long)blockIdx.x * cols;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) s += row[i];
+    for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffff, s, offset);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scratch[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0f;
+        for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffff, s, offset);
+        if (lane == 0) out[blockIdx.x] = s;
+    }
+}
+
+torch::Tensor gemm_scaled_sigmoid_sum_cuda(torch::Tensor x, torch::Tensor w, torch::Tensor bias, double scale) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x must be a float32 CUDA tensor");
+    auto xc = x.contiguous();
+    auto wc = w.contiguous();
+    int M = xc.size(0), K = xc.size(1), N = wc.size(0);
+    auto z = torch::empty({M, N}, xc.options());
+    dim3 block(TILE, TILE);
+    dim3 grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE);
+    gemm_scaled_sigmoid_kernel<<<grid, block>>>(xc.data_ptr<float>(), wc.data_ptr<float>(),
+                                                bias.contiguous().data_ptr<float>(), z.data_ptr<float>(), M, N, K,
+                                                (float)scale);
+    auto out = torch::empty({M, 1}, xc.options());
+    row_sum_kernel<<<M, 256>>>(z.data_ptr<float>(), out.data_ptr<float>(), N);
+    return out;
+}
+"""
+
+gemm_sigmoid_sum_cpp = ("torch::Tensor gemm_scaled_sigmoid_sum_cuda(torch::Tensor x, torch::Tensor w, "
+                        "torch::Tensor bias, double scale);")
+
+gemm_sigmoid_sum_ext = load_inline(
+    name="builtin_l2_gemm_scaled_sigmoid_sum_wrong_scale",
+    cpp_sources=gemm_sigmoid_sum_cpp,
+    cuda_sources=gemm_sigmoid_sum_source,
+    functions=["gemm_scaled_sigmoid_sum_cuda"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features, scale):
+        super(ModelNew, self).__init__()
+        self.gemm = nn.Linear(in_features, out_features)
+        self.scale = scale
+
+    def forward(self, x):
+        return gemm_sigmoid_sum_ext.gemm_scaled_sigmoid_sum_cuda(x, self.gemm.weight, self.gemm.bias, self.scale)

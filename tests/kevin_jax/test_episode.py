@@ -1,0 +1,263 @@
+"""The multi-turn episode runner with a scripted policy fake (replaying the built-in solutions) and an evaluator
+fake."""
+import json
+import logging
+
+import numpy as np
+import pytest
+from kevin_env_fakes import EvaluatorFake, ScriptedPolicyFake, chatml_tokenizer, scripted_answer
+
+from kevin_jax.env.episode import (EnvConfig, EpisodeRunner, Trajectory, load_trajectories, reevaluate, rescore,
+                                   round_seed, save_trajectories)
+from kevin_jax.env.policy import Generation
+from kevin_jax.env.prompts import PromptTooLongError
+from kevin_jax.rl.scores import RewardConfig, discounted_returns
+from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
+
+TASKS = load_builtin_tasks()
+TASK_IDS = ["L1/1_LeakyReLU", "L2/6_Gemm_ScaledSigmoid_Sum"]
+SOLUTIONS = {(s.task_id, s.kind): s.source for s in builtin_solutions()}
+TURN_KEYS = {"turn", "prompt_tokens", "response_tokens", "response_logprobs", "stop_reason", "response_text", "parsed",
+             "verdict", "score", "return", "advantage"}
+
+
+def task_in(prompt_text: str):
+    return next(t for t in TASKS.tasks if t.source.strip() in prompt_text)
+
+
+def kevin_like_script(speedups=(None, 0.8, 1.5, 1.2)):
+    """Turn 0: the task's wrong solution; later turns: its correct solution with the given speedups."""
+    def script(prompt_text, turn):
+        task = task_in(prompt_text)
+        speedup = speedups[turn]
+        if speedup is None:
+            return scripted_answer(SOLUTIONS[(task.task_id, "wrong")], thought=f"SECRET-THOUGHT-{turn}",
+                                   summary=f"first try at {task.name}")
+        return scripted_answer(SOLUTIONS[(task.task_id, "correct")], thought=f"SECRET-THOUGHT-{turn}",
+                               summary=f"fixed it, SPEEDUP={speedup}")
+    return script
+
+
+def make_runner(script, **env_overrides):
+    tok = chatml_tokenizer()
+    env = EnvConfig(**{"num_turns": 3, "num_trajectories": 4, "max_prompt_tokens": 200_000,
+                       "max_response_tokens": 100_000, **env_overrides})
+    policy, evaluator = ScriptedPolicyFake(tok, script), EvaluatorFake()
+    return EpisodeRunner(policy, evaluator, tok, env, RewardConfig()), policy, evaluator
+
+
+def tasks():
+    by_id = TASKS.by_id()
+    return [by_id[i] for i in TASK_IDS]
+
+
+def test_rounds_are_batched_and_trajectories_follow_contract_4():
+    runner, policy, evaluator = make_runner(kevin_like_script())
+    result = runner.run(tasks(), step=7, seed=11)
+    trajs = result.trajectories
+    assert len(trajs) == 8 and [len(t.turns) for t in trajs] == [3] * 8
+    # one generate and one evaluate call per round, for the whole batch
+    assert len(policy.calls) == 3 and [len(c["prompts"]) for c in policy.calls] == [8, 8, 8]
+    assert [c["seed"] for c in policy.calls] == [round_seed(11, 7, r) for r in range(3)]
+    assert len({round_seed(11, 7, r) for r in range(3)} | {round_seed(12, 7, 0)}) == 4
+    assert all(c["max_new_tokens"] == 100_000 for c in policy.calls)
+    assert len(evaluator.batches) == 3 and [len(b) for b in evaluator.batches] == [8, 8, 8]
+    ids = [r.request_id for b in evaluator.batches for r in b]
+    assert len(set(ids)) == 24 and ids[0] == "step7/L1/1_LeakyReLU/traj0/turn0"
+    assert [(r.round, r.live) for r in result.rounds] == [(0, 8), (1, 8), (2, 8)]
+    assert all(r.total_s >= r.generate_s + r.evaluate_s for r in result.rounds)
+    for traj in trajs:
+        d = json.loads(json.dumps(traj.to_dict()))
+        assert set(d) == {"task_id", "traj_index", "step", "seed", "turns"} and (d["step"], d["seed"]) == (7, 11)
+        for turn in d["turns"]:
+            assert set(turn) == TURN_KEYS
+            assert set(turn["parsed"]) == {"thought", "thought_complete", "code", "summary", "format_error"}
+            assert turn["verdict"]["request_id"].endswith(f"/turn{turn['turn']}")
+
+
+def test_prompts_carry_code_summary_and_feedback_never_thoughts():
+    runner, policy, evaluator = make_runner(kevin_like_script())
+    trajs = runner.run(tasks()).trajectories
+    tok = runner.tokenizer
+    leaky = trajs[0]
+    assert leaky.turns[0].prompt_tokens == runner.renderer.first_turn(tasks()[0].source).token_ids
+    second = tok.decode(leaky.turns[1].prompt_tokens, skip_special_tokens=False)
+    third = tok.decode(leaky.turns[2].prompt_tokens, skip_special_tokens=False)
+    assert "Attempt 1:" in second and "Attempt 2:" not in second
+    assert "BUG: slope applied to the positive side" in second          # the earlier code
+    assert "first try at LeakyReLU" in second                           # the model's own summary
+    assert "Output mismatch" in second                                  # the evaluator's feedback
+    assert "Attempt 2:" in third and "Correct. Speedup 0.80x" in third
+    for turn in leaky.turns:
+        assert "SECRET-THOUGHT" not in tok.decode(turn.prompt_tokens, skip_special_tokens=False)
+        assert turn.parsed["thought"].startswith("SECRET-THOUGHT")      # the thought is recorded in the turn
+    for batch in evaluator.batches:                                     # and never sent to the evaluator
+        assert all("SECRET-THOUGHT" not in r.response and "class ModelNew" in r.response for r in batch)
+
+
+def test_tokens_logprobs_scores_returns_and_advantages():
+    runner, policy, _ = make_runner(kevin_like_script())
+    trajs = runner.run(tasks()).trajectories
+    reward = RewardConfig()
+    for traj in trajs:
+        assert [t.score for t in traj.turns] == pytest.approx([0.0, 1.1, 1.8])
+        np.testing.assert_allclose([t.return_ for t in traj.turns], discounted_returns([0.0, 1.1, 1.8], reward))
+        for t in traj.turns:
+            assert t.stop_reason == "eos"
+            assert t.response_logprobs == [-0.001 * (k + 1) for k in range(len(t.response_tokens))]
+            assert t.response_tokens[-1] == runner.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            assert "<|im_end|>" not in t.response_text
+    for task_id in TASK_IDS:
+        adv = np.array([t.advantage for tr in trajs if tr.task_id == task_id for t in tr.turns])
+        assert len(adv) == 12 and abs(adv.mean()) < 1e-9 and adv.std() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_sampled_token_ids_are_kept_not_retokenised():
+    tok = chatml_tokenizer()
+    answer = scripted_answer(SOLUTIONS[("L1/1_LeakyReLU", "correct")], summary="kept as sampled")
+
+    class CharSplitPolicy:  # samples "Summary" letter by letter: a valid but non-canonical tokenisation
+        def generate(self, prompts, max_new_tokens, seed):
+            head, tail = answer.split("Summary: ", 1)
+            ids = (tok(head, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(c) for c in "Summary:"]
+                   + tok(" " + tail, add_special_tokens=False)["input_ids"])
+            return [Generation(list(ids), [0.0] * len(ids), "stop") for _ in prompts]
+
+    runner = EpisodeRunner(CharSplitPolicy(), EvaluatorFake(), tok, EnvConfig(num_turns=1, num_trajectories=1),
+                           RewardConfig())
+    turn = runner.run(tasks()[:1]).trajectories[0].turns[0]
+    assert turn.response_text == answer
+    assert turn.response_tokens != tok(answer, add_special_tokens=False)["input_ids"]
+    assert tok.decode(turn.response_tokens, skip_special_tokens=False) == answer
+    assert turn.parsed["summary"] == "kept as sampled"
+
+
+@pytest.mark.parametrize("mode,turns", [("never", [4] * 8), ("first_correct", [2] * 8), ("no_improvement", [4] * 8)])
+def test_early_stop_modes(mode, turns):
+    # scores: wrong, 0.3+0.8, 0.3+1.5, 0.3+1.2: "no_improvement" would stop at turn 3, the last one anyway
+    runner, policy, _ = make_runner(kevin_like_script((None, 0.8, 1.5, 1.2)), num_turns=4, early_stop=mode)
+    trajs = runner.run(tasks()).trajectories
+    assert [len(t.turns) for t in trajs] == turns
+    if mode == "first_correct":
+        assert [len(c["prompts"]) for c in policy.calls] == [8, 8]
+
+
+def test_no_improvement_stops_at_the_first_turn_that_does_not_beat_the_best():
+    runner, policy, _ = make_runner(kevin_like_script((None, 1.5, 1.2, 2.0, 3.0)), num_turns=5,
+                                    early_stop="no_improvement")
+    trajs = runner.run(tasks()).trajectories
+    assert [len(t.turns) for t in trajs] == [3] * 8  # wrong, 1.8, 1.5 (no improvement) -> stop
+    assert [len(c["prompts"]) for c in policy.calls] == [8, 8, 8]
+
+
+def test_budget_drops_earliest_attempts_within_an_episode():
+    runner, _, _ = make_runner(kevin_like_script(), num_trajectories=1)
+    full = runner.run(tasks()[:1]).trajectories[0]
+    budget = len(full.turns[2].prompt_tokens) - 1  # one token short of showing both attempts
+    assert budget >= len(full.turns[1].prompt_tokens)
+    runner, _, _ = make_runner(kevin_like_script(), num_trajectories=1, max_prompt_tokens=budget)
+    traj = runner.run(tasks()[:1]).trajectories[0]
+    third = runner.tokenizer.decode(traj.turns[2].prompt_tokens, skip_special_tokens=False)
+    assert len(traj.turns[2].prompt_tokens) <= budget
+    assert "Attempt 2:" in third and "Attempt 1:" not in third and "first try" not in third
+
+
+def test_a_trajectory_whose_history_cannot_fit_stops(caplog):
+    runner, _, _ = make_runner(kevin_like_script(), num_trajectories=2)
+    first = runner.renderer.first_turn(tasks()[0].source)
+    runner, policy, _ = make_runner(kevin_like_script(), num_trajectories=2, max_prompt_tokens=len(first.token_ids))
+    with caplog.at_level(logging.WARNING):
+        trajs = runner.run(tasks()[:1]).trajectories
+    assert [len(t.turns) for t in trajs] == [1, 1] and len(policy.calls) == 1
+    assert "stops before turn 1" in caplog.text
+    runner, _, _ = make_runner(kevin_like_script(), max_prompt_tokens=len(first.token_ids) - 1)
+    with pytest.raises(PromptTooLongError):
+        runner.run(tasks()[:1])
+
+
+def test_length_limit_inside_the_thought_is_a_format_failure():
+    runner, _, evaluator = make_runner(kevin_like_script(), num_turns=2, num_trajectories=1, max_response_tokens=5)
+    traj = runner.run(tasks()[:1]).trajectories[0]
+    for turn in traj.turns:
+        assert turn.stop_reason == "length" and len(turn.response_tokens) == 5
+        assert turn.parsed["thought_complete"] is False and turn.parsed["format_error"]
+        assert turn.score == 0.0
+    assert evaluator.batches[0][0].response == ""  # nothing outside the thought
+    assert "no code" in runner.tokenizer.decode(traj.turns[1].prompt_tokens, skip_special_tokens=False)
+
+
+def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
+    runner, _, _ = make_runner(kevin_like_script())
+    trajs = runner.run(tasks()).trajectories
+    path = tmp_path / "traj.jsonl"
+    save_trajectories(path, trajs[:5])
+    save_trajectories(path, trajs[5:], append=True)
+    loaded = load_trajectories(path)
+    assert [t.to_dict() for t in loaded] == [t.to_dict() for t in trajs]
+    assert isinstance(loaded[0], Trajectory)
+
+    same = rescore(loaded, RewardConfig())
+    assert [t.to_dict() for t in same] == [t.to_dict() for t in trajs]
+    heavier = rescore(loaded, RewardConfig(correct_weight=1.0, aggregation="single_turn"))
+    assert [t.score for t in heavier[0].turns] == pytest.approx([0.0, 1.8, 2.5])
+    assert [t.return_ for t in heavier[0].turns] == pytest.approx([0.0, 1.8, 2.5])
+    assert loaded[0].turns[1].score == pytest.approx(1.1)  # rescore copies
+
+    all_fast = EvaluatorFake(lambda r: {"correct": True, "speedup": 2.0, "feedback": "Correct."})
+    again = reevaluate(loaded, all_fast, TASKS.by_id(), RewardConfig())
+    assert len(all_fast.batches) == 1 and len(all_fast.batches[0]) == 24
+    assert all("SECRET-THOUGHT" not in r.response for r in all_fast.batches[0])
+    assert all(t.score == pytest.approx(2.3) for tr in again for t in tr.turns)
+    assert all(t.parsed["thought"].startswith("SECRET-THOUGHT") for tr in again for t in tr.turns)
+    with pytest.raises(ValueError, match="unknown task"):
+        reevaluate(loaded, all_fast, {}, RewardConfig())
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="early_stop"):
+        EnvConfig(early_stop="sometimes")
+    with pytest.raises(ValueError, match="num_turns"):
+        EnvConfig(num_turns=0)
+    with pytest.raises(TypeError):
+        EnvConfig(num_turn=4)
+
+    class ShortPolicy:
+        def generate(self, prompts, max_new_tokens, seed):
+            return [Generation([1], [0.0], "eos")]
+
+    runner = EpisodeRunner(ShortPolicy(), EvaluatorFake(), chatml_tokenizer(), EnvConfig(num_trajectories=2),
+                           RewardConfig())
+    with pytest.raises(RuntimeError, match="returned 1 results for 2 inputs"):
+        runner.run(tasks()[:1])
+    with pytest.raises(ValueError, match="no tasks"):
+        runner.run([])
+    with pytest.raises(ValueError):
+        Generation([1, 2], [0.0], "eos")
+    with pytest.raises(ValueError):
+        Generation([1], [0.0], "finished")
+
+
+def test_load_trajectories_reports_the_bad_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task_id": "L1/1_A", "traj_index": 0, "step": 0, "seed": 0, "turns": []}\n\n{"oops": 1}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:3"):
+        load_trajectories(path)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_scripted_policy_with_the_real_evaluator_gives_the_expected_verdicts(tmp_path):
+    """The device check (benchmarks/env_scripted.py) on three built-in tasks: wrong solutions incorrect, correct ones
+    correct, through the real evaluator."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "env_scripted.py"
+    out = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "env.json"), "--tasks",
+                          "L1/1_LeakyReLU,L1/8_CrossEntropyLoss,L2/5_Conv2d_BatchNorm_Scaling"],
+                         capture_output=True, text=True, timeout=1200, env=dict(os.environ))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    result = json.loads((tmp_path / "env.json").read_text())
+    assert result["failures"] == 0 and len(result["turns"]) == 6

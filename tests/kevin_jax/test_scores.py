@@ -1,0 +1,113 @@
+"""Scores, returns and advantages against hand-computed examples."""
+import math
+
+import numpy as np
+import pytest
+
+from kevin_jax.rl.scores import (RewardConfig, counts_as_correct, discounted_returns, group_advantages, kernel_score,
+                                 normalized_advantages)
+
+
+def verdict(correct=True, speedup=1.3, **kw):
+    return {"format_ok": True, "correct": correct, "speedup": speedup, "hack_flags": [], **kw}
+
+
+def test_kernel_score_is_weight_plus_speedup_when_correct():
+    cfg = RewardConfig()
+    assert kernel_score(verdict(speedup=1.3), cfg) == pytest.approx(1.6)
+    assert kernel_score(verdict(speedup=0.5), cfg) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("bad", [
+    verdict(correct=False),
+    verdict(correct=None),  # compile_only: not checked
+    verdict(format_ok=False),
+    verdict(hack_flags=[{"code": "torch_op", "reason": "torch.matmul in forward"}]),
+])
+def test_kernel_score_is_zero_when_not_clean_and_correct(bad):
+    assert not counts_as_correct(bad)
+    assert kernel_score(bad, RewardConfig()) == 0.0
+
+
+def test_score_accepts_objects_with_attributes():
+    class Result:
+        format_ok, correct, speedup, hack_flags = True, True, 2.0, []
+    assert kernel_score(Result(), RewardConfig()) == pytest.approx(2.3)
+
+
+def test_speedup_transforms():
+    assert kernel_score(verdict(speedup=math.e), RewardConfig(speedup_transform="log")) == pytest.approx(1.3)
+    log_cfg = RewardConfig(speedup_transform="log")
+    assert kernel_score(verdict(speedup=0.5), log_cfg) == pytest.approx(0.3 + math.log(0.5))
+    assert kernel_score(verdict(speedup=50.0), RewardConfig(speedup_transform="clip", speedup_clip=4.0)) == \
+        pytest.approx(4.3)
+    # a correct kernel without a usable speedup keeps the correctness credit only
+    for s in (None, float("nan"), float("inf"), 0.0):
+        assert kernel_score(verdict(speedup=s), RewardConfig()) == pytest.approx(0.3)
+
+
+def test_sum_returns_match_the_issue_example():
+    r = discounted_returns([0.0, 0.0, 1.3], RewardConfig(gamma=0.4))
+    np.testing.assert_allclose(r, [0.208, 0.52, 1.3], rtol=0, atol=1e-12)
+
+
+def test_sum_returns_hand_example_with_every_turn_scoring():
+    # R3 = 2, R2 = 0.3 + 0.4*2 = 1.1, R1 = 0 + 0.4*1.1 = 0.44, R0 = 1 + 0.4*0.44 = 1.176
+    r = discounted_returns([1.0, 0.0, 0.3, 2.0], RewardConfig(gamma=0.4))
+    np.testing.assert_allclose(r, [1.176, 0.44, 1.1, 2.0], atol=1e-12)
+
+
+def test_max_returns():
+    # R2 = 2, R1 = max(0, 0.4*2) = 0.8, R0 = max(1.0, 0.4*0.8) = 1.0  (= max_i gamma^(i-t) S_i)
+    r = discounted_returns([1.0, 0.0, 2.0], RewardConfig(gamma=0.4, aggregation="max"))
+    np.testing.assert_allclose(r, [1.0, 0.8, 2.0], atol=1e-12)
+    scores = np.array([0.3, 1.7, 0.0, 2.5])
+    brute = [max(0.4 ** (i - t) * scores[i] for i in range(t, 4)) for t in range(4)]
+    np.testing.assert_allclose(discounted_returns(scores, RewardConfig(aggregation="max")), brute, atol=1e-12)
+
+
+def test_single_turn_returns_are_the_scores():
+    np.testing.assert_allclose(discounted_returns([0.0, 1.3, 0.3], RewardConfig(aggregation="single_turn")),
+                               [0.0, 1.3, 0.3])
+
+
+def test_mean_std_advantages():
+    adv = normalized_advantages([1.0, 2.0, 3.0, 4.0], RewardConfig(std_eps=0.0))
+    std = math.sqrt(1.25)
+    np.testing.assert_allclose(adv, [-1.5 / std, -0.5 / std, 0.5 / std, 1.5 / std], atol=1e-12)
+
+
+def test_advantages_without_std_division_and_leave_one_out():
+    np.testing.assert_allclose(normalized_advantages([1.0, 2.0, 3.0], RewardConfig(normalize_std=False)),
+                               [-1.0, 0.0, 1.0])
+    # baseline of sample i = mean of the others: 2.5, 2.0, 1.5
+    np.testing.assert_allclose(
+        normalized_advantages([1.0, 2.0, 3.0], RewardConfig(normalize_std=False, baseline="leave_one_out")),
+        [-1.5, 0.0, 1.5])
+    assert normalized_advantages([5.0], RewardConfig(baseline="leave_one_out")).tolist() == [0.0]
+
+
+def test_equal_returns_give_zero_advantage_not_nan():
+    adv = normalized_advantages([0.3] * 64, RewardConfig())
+    assert np.all(adv == 0.0)
+
+
+def test_group_advantages_normalise_each_task_separately():
+    returns = [1.0, 3.0, 10.0, 10.0, 30.0, 2.0]
+    groups = ["a", "a", "b", "b", "b", "a"]
+    adv = group_advantages(returns, groups, RewardConfig(normalize_std=False))
+    np.testing.assert_allclose(adv, [-1.0, 1.0, -6.666666666666666, -6.666666666666666, 13.333333333333334, 0.0])
+    with pytest.raises(ValueError, match="group labels"):
+        group_advantages([1.0], ["a", "b"], RewardConfig())
+
+
+@pytest.mark.parametrize("field,value", [("speedup_transform", "sqrt"), ("aggregation", "mean"), ("baseline", "median"),
+                                         ("gamma", 1.5), ("speedup_clip", 0.0)])
+def test_bad_config_is_an_error(field, value):
+    with pytest.raises(ValueError, match=field):
+        RewardConfig(**{field: value})
+
+
+def test_unknown_config_field_is_an_error():
+    with pytest.raises(TypeError):
+        RewardConfig(gama=0.4)
