@@ -1,7 +1,9 @@
 """Ahead-of-time memory plan of a full fine-tune train step, from shapes alone (nothing is allocated).
 
     python benchmarks/aot_memory.py                                   # qwq_32b on 8/16/32 fake CPU devices
-    python benchmarks/aot_memory.py --platform gpu_mock --out $OUT/aot_gpu.json   # on a GPU box: XLA:GPU compiler
+    python benchmarks/aot_memory.py --platform gpu_deviceless --out $OUT/aot_gpu.json   # on a GPU box: XLA:GPU
+    PYTHONPATH=/tmp/jax_cuda JAX_PLATFORMS=cpu python benchmarks/aot_memory.py --platform gpu_deviceless \
+        --gpu-target h200                                             # XLA:GPU for H200s, from a CPU-only box
 
 The train step is what RL training runs: forward through the scanned decoder, the chunked log-prob loss (a
 policy-gradient-shaped objective, sum of advantage * log-prob over response tokens), backward, and an optax AdamW
@@ -11,12 +13,24 @@ assignment, printed next to an analytic budget (params, grads, AdamW moments, ac
 sequence and --per-device-batch sequences per device under the chosen remat).
 
 Platforms:
-  cpu       N fake host devices (--xla_force_host_platform_device_count). XLA:CPU's buffer assignment approximates
-            XLA:GPU's; attention must be "chunked" (pure-JAX blockwise), whose [B, H, chunk, T] score blocks are
-            larger than cuDNN flash attention's on-chip tiles, so CPU numbers are an upper bound for attention.
-  gpu_mock  on a machine with >= 1 GPU: JAX_MOCK_GPU_TOPOLOGY="1xNx1" makes XLA:GPU compile for N GPUs (mock NCCL),
-            with cuDNN flash attention: the real compiler's memory plan. Each device count runs in its own process.
-AOT_EXTRA_XLA_FLAGS (env) is appended to the cpu workers' XLA_FLAGS, e.g. "--xla_dump_to=/tmp/dump" to read XLA's
+  cpu             N fake host devices (--xla_force_host_platform_device_count). XLA:CPU's buffer assignment
+                  approximates XLA:GPU's (it upcasts bf16 activations to f32: an upper bound); attention must be
+                  "chunked" (pure-JAX blockwise), whose score blocks are larger than cuDNN flash attention's tiles.
+  gpu_deviceless  the real XLA:GPU compiler for a topology of N GPUs that need not exist
+                  (jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=..., topology=
+                  "1 x hosts x 8")), with cuDNN flash attention. The target is the local GPU when there is one
+                  (--gpu-target local), or a GpuTargetConfigProto text file (--gpu-target h200 / h100_sxm picks
+                  benchmarks/gpu_targets/*.txtpb, or a path). Needs the jax CUDA plugin importable; on a CPU-only box
+                  install it apart and put it on PYTHONPATH, e.g.
+                    pip install --no-deps --target /tmp/jax_cuda jax-cuda13-plugin==$V jax-cuda13-pjrt==$V
+                  with V = the installed jaxlib version, then PYTHONPATH=/tmp/jax_cuda JAX_PLATFORMS=cpu python ...
+  gpu_mock        on a machine with >= 1 GPU: jax's jax_mock_gpu_topology flag ("1xNx1": N mock hosts, one GPU
+                  each, mock NCCL) makes the GPU client show N devices, the one real GPU standing in for all; XLA:GPU
+                  compiles with autotuning on the real device. (jax_mock_gpu_topology is a jax *flag*: it is read
+                  from jax.config.update or absl flags only; the environment variable JAX_MOCK_GPU_TOPOLOGY is
+                  ignored, which is why the first H200 run saw 1 device.)
+Each device count runs in its own process.
+AOT_EXTRA_XLA_FLAGS (env) is appended to the workers' XLA_FLAGS, e.g. "--xla_dump_to=/tmp/dump" to read XLA's
 buffer assignment (*memory-usage-report.txt) and see which buffers make up the peak.
 """
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,13 +54,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwq_32b")
     p.add_argument("--devices", default="8,16,32", help="comma-separated device counts")
-    p.add_argument("--platform", choices=("cpu", "gpu_mock"), default="cpu")
+    p.add_argument("--platform", choices=("cpu", "gpu_deviceless", "gpu_mock"), default="cpu")
+    p.add_argument("--gpu-target", default="local",
+                   help="gpu_deviceless target: 'local' (the GPU of this machine), h200, h100_sxm, or a .txtpb path")
     p.add_argument("--seq-len", type=int, default=16384)
     p.add_argument("--per-device-batch", type=int, default=1, help="sequences per data-parallel device")
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel size (the rest of the devices is fsdp)")
     p.add_argument("--remat", default="full")
     p.add_argument("--param-dtype", default="float32")
-    p.add_argument("--attention", default=None, help="default: chunked on cpu, auto (cuDNN) on gpu_mock")
+    p.add_argument("--attention", default=None, help="default: chunked on cpu, cudnn on the gpu platforms")
     p.add_argument("--attention-chunk", type=int, default=256)
     p.add_argument("--logprob-chunk", type=int, default=1024)
     p.add_argument("--timeout", type=int, default=900, help="seconds per device count")
@@ -83,17 +100,84 @@ def analytic_budget(config, n_devices: int, args) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- one device count
+TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+
+
+def _target_config_text(name: str) -> str:
+    path = name if os.path.exists(name) else os.path.join(TARGETS_DIR, f"{name}.txtpb")
+    if not os.path.exists(path):
+        known = sorted(f[:-6] for f in os.listdir(TARGETS_DIR) if f.endswith(".txtpb"))
+        raise SystemExit(f"--gpu-target {name!r}: no such file, and not one of local, {', '.join(known)}")
+    with open(path) as f:
+        return f.read()
+
+
+def _assume_cudnn_of_target(target_text: str) -> str:
+    """jax's cuDNN attention asks the local cuDNN and GPU whether it may run; with no GPU here (compiling for a
+    described one), answer with the target's cuDNN version and compute capability. Returns a note for the log."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+
+    major = int(re.search(r"cuda_compute_capability \{\s*major: (\d+)", target_text).group(1))
+    minor_match = re.search(r"cuda_compute_capability \{\s*major: \d+\s*minor: (\d+)", target_text)
+    capability = (major, int(minor_match.group(1)) if minor_match else 0)
+    dnn = re.search(r"dnn_version_info \{\s*major: (\d+)\s*minor: (\d+)\s*patch: (\d+)", target_text)
+    version = int(dnn.group(1)) * 10000 + int(dnn.group(2)) * 100 + int(dnn.group(3)) if dnn else 91000
+    as_tuple = lambda c: tuple(int(x) for x in c.split("."))
+    cudnn_attention.check_cudnn_version = lambda: version
+    cudnn_attention.check_compute_capability = lambda c: capability >= as_tuple(c)
+    cudnn_attention.is_cuda_compute_capability_equal = lambda c: capability == as_tuple(c)
+    return f"no local GPU: jax's cuDNN checks answered for the target (cuDNN {version}, sm_{major}{capability[1]})"
+
+
+def _deviceless_gpu_devices(jax, n: int, target: str) -> tuple[list, str]:
+    """N compile-only devices of an XLA:GPU topology (hosts of 8 GPUs when 8 divides N)."""
+    from jax.experimental import topologies
+
+    notes = []
+    if target == "local":
+        try:
+            local = jax.devices("gpu")
+        except RuntimeError as e:
+            raise SystemExit(f"--gpu-target local needs a GPU here ({e}); name a target: --gpu-target h200") from e
+        try:
+            from jax._src.lib import xla_client
+            target_text = xla_client.get_topology_for_devices(local[:1]).target_config
+            notes.append(f"target: local {local[0].device_kind}")
+        except Exception as e:  # private API: fall back to the bundled description of the same GPU
+            kind = local[0].device_kind
+            bundled = "h200" if "H200" in kind else "h100_sxm" if "H100" in kind else None
+            if bundled is None:
+                raise SystemExit(f"cannot read the local GPU's target description ({e}); pass --gpu-target") from e
+            target_text = _target_config_text(bundled)
+            notes.append(f"target: {bundled} (bundled; reading the local {kind}'s failed: {type(e).__name__})")
+    else:
+        target_text = _target_config_text(target)
+        notes.append(f"target: {target}")
+        if jax.default_backend() != "gpu":
+            notes.append(_assume_cudnn_of_target(target_text))
+    hosts, per_host = (n // 8, 8) if n % 8 == 0 else (1, n)
+    try:
+        topology = topologies.get_topology_desc(platform="cuda", topology=f"1x{hosts}x{per_host}",
+                                                target_config=target_text)
+    except Exception as e:
+        raise SystemExit(
+            f"cannot describe a CUDA topology ({type(e).__name__}: {str(e)[:300]}). gpu_deviceless needs the jax CUDA "
+            f"plugin importable; on a CPU-only box: pip install --no-deps --target DIR jax-cuda13-plugin=="
+            f"{jax.__version__} jax-cuda13-pjrt=={jax.__version__}; PYTHONPATH=DIR JAX_PLATFORMS=cpu python ...") from e
+    return list(topology.devices), "; ".join(notes)
+
+
 def worker(args) -> dict:
     n = args.worker
+    extra = os.environ.get("AOT_EXTRA_XLA_FLAGS", "")      # e.g. --xla_dump_to=DIR to read buffer assignment
     if args.platform == "cpu":
-        extra = os.environ.get("AOT_EXTRA_XLA_FLAGS", "")      # e.g. --xla_dump_to=DIR to read buffer assignment
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n} {extra}".strip()
         os.environ["JAX_PLATFORMS"] = "cpu"
     else:
-        os.environ["JAX_MOCK_GPU_TOPOLOGY"] = f"1x{n}x1"   # n mock hosts with one GPU each
-        os.environ["CUDA_VISIBLE_DEVICES"] = "0"           # the one real GPU stands for each mock host's GPU
-        os.environ.setdefault("JAX_PLATFORMS", "cuda")
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        if args.platform == "gpu_mock":
+            os.environ.setdefault("JAX_PLATFORMS", "cuda")
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -104,16 +188,27 @@ def worker(args) -> dict:
     from kevin_jax.model import qwen2
     from kevin_jax.model.shapes import named_config
 
-    if len(jax.devices()) != n:
-        raise RuntimeError(f"asked for {n} devices, JAX sees {len(jax.devices())} ({jax.devices()[:2]}...)")
-    attention = args.attention or ("chunked" if args.platform == "cpu" else "auto")
+    note = ""
+    if args.platform == "gpu_mock":
+        # Flags, not environment variables: they must be set through jax.config before the GPU client starts.
+        jax.config.update("jax_mock_gpu_topology", f"1x{n}x1")
+        jax.config.update("jax_cuda_visible_devices", "0")
+        devices = jax.devices()
+        note = f"mock topology 1x{n}x1 on {devices[0].device_kind}"
+    elif args.platform == "gpu_deviceless":
+        devices, note = _deviceless_gpu_devices(jax, n, args.gpu_target)
+    else:
+        devices = jax.devices()
+    if len(devices) != n:
+        raise RuntimeError(f"asked for {n} devices, JAX sees {len(devices)} ({devices[:2]}...)")
+    attention = args.attention or ("chunked" if args.platform == "cpu" else "cudnn")
     config = named_config(args.model)
     options = qwen2.ModelOptions(dtype="bfloat16", param_dtype=args.param_dtype, remat=args.remat,
                                  attention=attention, attention_chunk=args.attention_chunk)
     parallel_config = parallel.ParallelConfig(data=1, fsdp=-1, tensor=args.tensor)
-    if args.platform == "gpu_mock":   # mock hosts have no real topology to optimise the device order for
+    if args.platform != "cpu":   # mock / described devices: no real topology to optimise the device order for
         shape = parallel.mesh_shape(parallel_config, n)
-        mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(shape), parallel.MESH_AXES,
+        mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), parallel.MESH_AXES,
                                  axis_types=(jax.sharding.AxisType.Auto,) * len(parallel.MESH_AXES))
     else:
         mesh = parallel.make_mesh(parallel_config)
@@ -169,7 +264,7 @@ def worker(args) -> dict:
     xla["peak_estimate_bytes"] = (xla["argument_size_in_bytes"] + xla["output_size_in_bytes"]
                                   - xla["alias_size_in_bytes"] + xla["temp_size_in_bytes"])
     return {"devices": n, "mesh": parallel.describe(mesh), "platform": args.platform,
-            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "backend": jax.default_backend(), "device_kind": devices[0].device_kind, "note": note,
             "jax": jax.__version__, "model": args.model, "attention": attention, "remat": args.remat,
             "param_dtype": args.param_dtype, "seq_len": args.seq_len, "per_device_batch": args.per_device_batch,
             "global_batch": batch_size, "lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1),
@@ -225,6 +320,9 @@ def main(argv=None):
     print(f"model={args.model} seq_len={args.seq_len} per_device_batch={args.per_device_batch} remat={args.remat} "
           f"param_dtype={args.param_dtype} platform={args.platform} tensor={args.tensor}")
     print(table(results))
+    for r in results:
+        if r.get("note") or r.get("device_kind"):
+            print(f"{r['devices']} devices: {r.get('device_kind')} ({r.get('backend')} backend); {r.get('note')}")
     for r in results:
         if "analytic" in r:
             parts = ", ".join(f"{k} {v / GB:.2f}" for k, v in r["analytic"].items())

@@ -1,0 +1,270 @@
+// cuda_eval._native: pybind11 bindings of the sandboxed process runner and the CUDA event timer.
+// Python-facing contract: docs/ARCHITECTURE.md, "cuda_eval internals".
+#include <dirent.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "cuda_timer.h"
+#include "sandbox.h"
+
+namespace py = pybind11;
+using namespace cuda_eval;
+
+namespace {
+
+long long limit_value(const py::handle& value, const std::string& key) {
+  if (value.is_none()) return -1;
+  long long v = value.cast<long long>();
+  if (v < 0) throw py::value_error("limit '" + key + "' must be >= 0 or None, got " + std::to_string(v));
+  return v;
+}
+
+Limits parse_limits(const py::dict& limits) {
+  Limits L;
+  for (auto item : limits) {
+    std::string key = py::str(item.first);
+    long long v = limit_value(item.second, key);
+    if (key == "address_space_bytes") L.address_space_bytes = v;
+    else if (key == "data_bytes") L.data_bytes = v;
+    else if (key == "cpu_seconds") L.cpu_seconds = v;
+    else if (key == "open_files") L.open_files = v;
+    else if (key == "file_size_bytes") L.file_size_bytes = v;
+    else if (key == "processes") L.processes = v;
+    else if (key == "stack_bytes") L.stack_bytes = v;
+    else if (key == "core_bytes") L.core_bytes = v;
+    else
+      throw py::value_error("unknown limit '" + key +
+                            "' (known: address_space_bytes, data_bytes, cpu_seconds, open_files, file_size_bytes, "
+                            "processes, stack_bytes, core_bytes)");
+  }
+  return L;
+}
+
+SpawnOptions make_options(const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
+                          const py::dict& limits, long long output_cap_bytes, std::optional<long long> uid,
+                          std::optional<long long> gid, bool sweep_uid) {
+  SpawnOptions o;
+  o.argv = argv;
+  for (auto item : env) {
+    std::string k = py::str(item.first), v = py::str(item.second);
+    if (k.empty() || k.find('=') != std::string::npos) throw py::value_error("bad environment variable name: " + k);
+    o.env.push_back(k + "=" + v);
+  }
+  o.cwd = cwd;
+  o.limits = parse_limits(limits);
+  if (output_cap_bytes < 0) throw py::value_error("output_cap_bytes must be >= 0");
+  o.output_cap_bytes = output_cap_bytes;
+  if (uid && *uid < 0) throw py::value_error("uid must be >= 0");
+  if (gid && *gid < 0) throw py::value_error("gid must be >= 0");
+  o.uid = uid.value_or(-1);
+  o.gid = gid.value_or(-1);
+  o.sweep_uid = sweep_uid;
+  return o;
+}
+
+py::dict to_dict(const RunResult& r) {
+  py::dict d;
+  d["exit_code"] = r.exit_code;
+  d["signal"] = r.signal;
+  d["timed_out"] = r.timed_out;
+  d["wall_s"] = r.wall_s;
+  d["cpu_s"] = r.cpu_s;
+  d["peak_rss_bytes"] = r.peak_rss_bytes;
+  d["stdout"] = py::bytes(r.stdout_data);
+  d["stderr"] = py::bytes(r.stderr_data);
+  d["stdout_truncated"] = r.stdout_truncated;
+  d["stderr_truncated"] = r.stderr_truncated;
+  return d;
+}
+
+double timeout_value(std::optional<double> timeout_s) {
+  if (!timeout_s) return -1;
+  if (*timeout_s < 0) throw py::value_error("timeout_s must be >= 0 or None");
+  return *timeout_s;
+}
+
+// <sys.path entry>/nvidia/<package>/lib: where the CUDA pip wheels put libcudart.
+std::vector<std::string> wheel_lib_dirs() {
+  std::vector<std::string> dirs;
+  py::list path = py::module_::import("sys").attr("path");
+  for (auto entry : path) {
+    std::string base = py::str(entry);
+    if (base.empty()) continue;
+    std::string nvidia = base + "/nvidia";
+    DIR* d = opendir(nvidia.c_str());
+    if (!d) continue;
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') dirs.push_back(nvidia + "/" + e->d_name + "/lib");
+    }
+    closedir(d);
+  }
+  return dirs;
+}
+
+// A spawned child, as Python sees it.
+class Process {
+ public:
+  explicit Process(std::unique_ptr<Child> child) : child_(std::move(child)) {}
+  int pid() const { return child_->pid(); }
+  void write_stdin(const py::bytes& data, double timeout_s) {
+    std::string s = data;
+    py::gil_scoped_release release;
+    child_->write_stdin(s, timeout_s);
+  }
+  void close_stdin() { child_->close_stdin(); }
+  py::dict wait(std::optional<double> timeout_s) {
+    double t = timeout_value(timeout_s);
+    RunResult r;
+    {
+      py::gil_scoped_release release;
+      r = child_->wait(t);
+    }
+    return to_dict(r);
+  }
+  py::object poll() {
+    if (!child_->done()) return py::none();
+    return wait(0.0);
+  }
+  bool alive() { return !child_->done(); }
+  void kill() {
+    py::gil_scoped_release release;
+    child_->kill();
+  }
+
+ private:
+  std::unique_ptr<Child> child_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "cuda_eval native core: sandboxed process runner and CUDA event timer (libcudart loaded at run time).";
+
+  m.def(
+      "run",
+      [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
+         std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
+         std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
+         bool sweep_uid) {
+        SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
+        o.die_with_parent_thread = true;  // this thread waits for the child, so it outlives it
+        double t = timeout_value(timeout_s);
+        std::optional<std::string> input;
+        if (stdin_data) input = std::string(*stdin_data);
+        RunResult r;
+        {
+          py::gil_scoped_release release;
+          r = cuda_eval::run(o, input ? &*input : nullptr, t);
+        }
+        return to_dict(r);
+      },
+      py::arg("argv"), py::kw_only(), py::arg("env"), py::arg("cwd"), py::arg("timeout_s"), py::arg("limits"),
+      py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
+      py::arg("gid") = py::none(), py::arg("sweep_uid") = true,
+      "Run argv in a new session with rlimits (dict of Limits fields; None = inherit), env (the whole environment), "
+      "cwd, an optional uid/gid. Kills the whole group (and the uid's processes) at timeout_s. Releases the GIL. "
+      "Returns dict(exit_code, signal, timed_out, wall_s, cpu_s, peak_rss_bytes, stdout, stderr, stdout_truncated, "
+      "stderr_truncated). sweep_uid=False: at the end kill only the child's group, not every process of uid "
+      "(for concurrent children sharing one uid; the caller sweeps).");
+
+  py::class_<Process>(m, "Process")
+      .def_property_readonly("pid", &Process::pid)
+      .def_property_readonly("alive", &Process::alive)
+      .def("write_stdin", &Process::write_stdin, py::arg("data"), py::arg("timeout_s") = 30.0,
+           "Write all bytes to the child's stdin (raises RuntimeError if it exited or stops reading).")
+      .def("close_stdin", &Process::close_stdin)
+      .def("wait", &Process::wait, py::arg("timeout_s") = py::none(),
+           "Wait for exit; at timeout_s (None: no limit) kill the whole group and report timed_out=True. "
+           "Returns the same dict as run(); idempotent.")
+      .def("poll", &Process::poll, "The result dict if the child has exited, else None.")
+      .def("kill", &Process::kill, "Kill the whole process group (and the uid's processes).");
+
+  m.def(
+      "spawn",
+      [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
+         std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
+         std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
+         bool sweep_uid) {
+        SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
+        o.pipe_stdin = true;
+        o.lifetime_s = timeout_value(timeout_s);
+        std::unique_ptr<Child> child;
+        {
+          py::gil_scoped_release release;
+          child = Child::start(o);
+        }
+        auto p = std::make_unique<Process>(std::move(child));
+        if (stdin_data) p->write_stdin(*stdin_data, 30.0);
+        return p;
+      },
+      py::arg("argv"), py::kw_only(), py::arg("env"), py::arg("cwd"), py::arg("timeout_s") = py::none(),
+      py::arg("limits"), py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
+      py::arg("gid") = py::none(), py::arg("sweep_uid") = true,
+      "Like run() but returns a Process at once (stdin is a pipe). timeout_s here caps the child's whole lifetime "
+      "(None: no cap); Process.wait(timeout_s) adds a per-wait limit.");
+
+  m.def("kill_uid", &kill_uid, py::arg("uid"), py::call_guard<py::gil_scoped_release>(),
+        "Kill every process of this uid (refuses 0 and our own uid). Returns how many are still alive.");
+  m.def("count_uid_processes", &count_uid_processes, py::arg("uid"), py::call_guard<py::gil_scoped_release>(),
+        "Live (non-zombie) processes whose real uid is uid.");
+
+  py::class_<CudaTimer>(m, "CudaTimer")
+      .def(py::init([](std::optional<std::string> lib_path) {
+             return std::make_unique<CudaTimer>(lib_path.value_or(""), wheel_lib_dirs());
+           }),
+           py::arg("lib_path") = py::none(),
+           "lib_path: libcudart to use; None: the one already loaded in this process (e.g. by torch), else the "
+           "nvidia pip wheels', else the system's. Nothing is loaded until first use.")
+      .def(
+          "time",
+          [](CudaTimer& self, const py::function& fn, int warmup, int reps, long long l2_flush_bytes,
+             bool sync_device, std::uintptr_t stream) {
+            std::vector<double> out;
+            {
+              py::gil_scoped_release release;
+              out = self.time(
+                  [&fn]() {
+                    py::gil_scoped_acquire acquire;
+                    fn();
+                  },
+                  warmup, reps, l2_flush_bytes, sync_device, reinterpret_cast<void*>(stream));
+            }
+            return out;
+          },
+          py::arg("fn"), py::kw_only(), py::arg("warmup"), py::arg("reps"), py::arg("l2_flush_bytes") = -1,
+          py::arg("sync_device") = true, py::arg("stream") = 0,
+          "Milliseconds per rep of fn(). l2_flush_bytes: scratch memset before each rep (-1: 2x the L2 size, 0: "
+          "none). stream: a cudaStream_t as int (torch.cuda.Stream.cuda_stream); 0 = legacy default stream. "
+          "The GIL is released except while fn runs.")
+      .def_property_readonly("lib_path", &CudaTimer::lib_path);
+
+  m.def(
+      "device_properties",
+      [](std::optional<int> device, std::optional<std::string> lib_path) {
+        CudaRuntime& rt = CudaRuntime::get(lib_path.value_or(""), wheel_lib_dirs());
+        int dev = device ? *device : rt.current_device();
+        DeviceProperties p = rt.properties(dev);
+        py::dict d;
+        d["name"] = p.name;
+        d["l2_cache_bytes"] = p.l2_cache_bytes;
+        d["sm_count"] = p.sm_count;
+        d["major"] = p.major;
+        d["minor"] = p.minor;
+        d["device"] = p.device;
+        d["cudart"] = rt.path();
+        return d;
+      },
+      py::arg("device") = py::none(), py::arg("lib_path") = py::none(),
+      "dict(name, l2_cache_bytes, sm_count, major, minor, device, cudart) through the dlopen'ed runtime. Raises "
+      "RuntimeError without a CUDA runtime or device.");
+
+  m.def(
+      "find_cudart",
+      [](std::optional<std::string> lib_path) { return find_cudart(lib_path.value_or(""), wheel_lib_dirs(), nullptr); },
+      py::arg("lib_path") = py::none(),
+      "The libcudart path CudaTimer would load ('' when only the system loader search is left). Loads nothing.");
+}

@@ -1,0 +1,520 @@
+"""The one door between kevin_jax and the evaluator (Contract 1 in docs/ARCHITECTURE.md).
+
+    with Evaluator(EvalConfig(devices="all", mode="auto")) as ev:
+        results = ev.evaluate(requests)       # blocking, order preserved
+        futures = ev.submit(requests)         # concurrent.futures, one per request
+
+Pipeline per request: extract the program from the response (candidate.extract_code) -> static policy (checks.py)
+-> compile pool (part 1: CPU workers, cached builds) -> GPU pool (pre-started workers, one candidate per GPU at a
+time) -> [re-timing in a fresh process when the speedup is suspiciously large] -> EvalResult + feedback. Compiles
+and GPU runs overlap: whenever a compile finishes its run is queued, so GPUs never wait for nvcc while work is
+queued. Importing this module does not import torch (the trainer runs JAX in-process).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import time
+from typing import Any, Sequence
+
+from cuda_eval import checks, feedback
+from cuda_eval.candidate import extract_code  # re-exported: env.parse uses the same extraction
+from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
+
+__all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "extract_code"]
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """Evaluator settings (the `eval` config section has exactly these field names)."""
+    mode: str = "auto"                  # "full" (compile + run), "compile_only" (no GPU: nvcc only), "auto"
+    device_type: str = "cuda"           # "cuda", or "cpu": C++ (with_cuda=False) candidates on CPU tensors (tests)
+    devices: Any = "all"                # GPU indices: "all", "0,1", [0, 1] or 0
+    cpu_workers: int = 1                # parallel candidates in CPU mode
+    cpu_threads: int = 1                # torch threads of a CPU-mode worker
+    # compilation (part 1)
+    compile_workers: int = 0            # 0 = one per CPU core
+    arch: str = "auto"                  # "auto" (the GPU in use; sm_90 without one) or e.g. "sm_90"
+    cache_dir: str = ""                 # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache (sandbox-readable)
+    cache_max_bytes: int = 20 << 30
+    record_timeout_s: float = 120.0
+    compile_timeout_s: float = 300.0
+    max_log_chars: int = 4000           # compile log shown to the model
+    # running
+    run_timeout_s: float = 180.0        # one candidate in a worker (correctness + timing + checks)
+    worker_start_timeout_s: float = 180.0
+    spare_workers: int = 2              # pre-started workers kept per device (start-up hidden behind jobs)
+    run_dir: str = ""                   # worker directories ("" = a temporary directory)
+    # correctness
+    num_correct_trials: int = 5
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    strict: bool = False                # the strict profile: atol = rtol = 1e-4 for float32 outputs
+    seed: int = 42
+    # timing
+    timing_target_s: float = 0.25       # timed work per model (reps adapt within [min, max])
+    timing_warmup_s: float = 0.03
+    timing_min_reps: int = 20
+    timing_max_reps: int = 200
+    timing_input_sets: int = 4          # input sets rotated between reps
+    timing_inputs_max_bytes: int = 4 << 30
+    ref_compile: bool = False           # also time torch.compile(reference) (meta.ref_compile_timing)
+    ref_timing_cache: bool = True
+    ref_timing_cache_dir: str = ""      # "" = <cache_dir>/ref_timing
+    # reward-hack defence
+    static_policy: str = "auto"         # "kevin", "cpu" (no __global__ rule), "off"; "auto": by device_type
+    skip_run_on_static_flags: bool = True
+    require_custom_kernel: bool = True
+    forbid_python_torch_compute: bool = True
+    forbid_reference_ops: bool = True
+    forbid_library_heavy_ops: bool = True
+    forbid_host_transfer: bool = True
+    kernel_trace: bool = True           # profile one forward (CUDA): own kernels ran, no unsynchronised streams
+    flag_native_threads: bool = False
+    unsynced_slack_us: float = 50.0
+    retime_speedup_threshold: float = 5.0   # re-time in a fresh process above this speedup (0 = never)
+    retime_min_ratio: float = 0.5           # flag if the fresh speedup is below this fraction of the first
+    max_feedback_chars: int = 3000
+
+    def __post_init__(self):
+        checks_ok = {"mode": ("auto", "full", "compile_only"), "device_type": ("cuda", "cpu"),
+                     "static_policy": ("auto", "kevin", "cpu", "off")}
+        for name, allowed in checks_ok.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
+        if self.num_correct_trials < 1:
+            raise ValueError("EvalConfig.num_correct_trials must be >= 1")
+
+
+@dataclasses.dataclass
+class EvalRequest:
+    task_id: str
+    task_source: str          # the reference program (KernelBench format)
+    response: str             # raw model text (the program is extracted from it)
+    request_id: str = ""
+
+
+@dataclasses.dataclass
+class EvalResult:
+    request_id: str
+    task_id: str
+    mode: str
+    format_ok: bool
+    format_error: str | None = None
+    code: str | None = None
+    compiled: bool | None = None
+    compile_log: str = ""
+    runtime_error: str | None = None
+    correct: bool | None = None
+    trials: list = dataclasses.field(default_factory=list)
+    timing: dict | None = None
+    ref_timing: dict | None = None
+    speedup: float | None = None
+    hack_flags: list = dataclasses.field(default_factory=list)
+    stage_times: dict = dataclasses.field(default_factory=dict)
+    feedback: str = ""
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvalResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"EvalResult.from_dict: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+
+# --- helpers --------------------------------------------------------------------------------------------------
+def visible_gpu_count() -> int:
+    """GPUs this process may use, without importing torch or initialising CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    try:
+        n = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        n = 0
+    if n == 0 and shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+            n = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            n = 0
+    if visible is not None and n:
+        n = min(n, len([v for v in visible.split(",") if v.strip()]))
+    return n
+
+
+def resolve_devices(devices: Any, available: int) -> list[int]:
+    if devices == "all" or devices is None:
+        return list(range(available))
+    if isinstance(devices, int):
+        chosen = [devices]
+    elif isinstance(devices, str):
+        chosen = [int(d) for d in devices.split(",") if d.strip()]
+    else:
+        chosen = [int(d) for d in devices]
+    bad = [d for d in chosen if d < 0 or d >= max(available, 1) and available]
+    if bad:
+        raise ValueError(f"devices {bad} do not exist: {available} GPU(s) visible")
+    return chosen
+
+
+_CRASH_HINTS = {
+    "correctness": "while checking correctness",
+    "timing": "while timing",
+    "trace": "during the traced forward call",
+    "freshness": "during the freshness check",
+    "kernel_trace": "during the profiled forward call",
+    "import_candidate": "while importing the program",
+    "init_candidate": "while constructing ModelNew",
+    "load_task": "while loading the reference",
+    "reference_warmup": "while running the reference",
+}
+
+
+def crash_message(outcome) -> str:
+    """A clear runtime_error for a worker that ended without a result."""
+    progress = outcome.progress or {}
+    phase = progress.get("phase", "start")
+    where = _CRASH_HINTS.get(phase, f"in phase {phase}")
+    if "trial" in progress:
+        where += f" (trial {progress['trial'] + 1})"
+    if outcome.timed_out:
+        text = (f"timed out after {outcome.wall_s:.0f} s {where}: a kernel that never finishes, a deadlock or an "
+                "infinite loop")
+    elif outcome.signal:
+        import signal as _signal
+        try:
+            name = _signal.Signals(outcome.signal).name
+        except ValueError:
+            name = f"signal {outcome.signal}"
+        text = f"the process crashed with {name} {where}"
+        if name == "SIGKILL":
+            text += " (killed: out of memory or over a resource limit)"
+    elif outcome.exit_code not in (None, 0):
+        text = f"the process exited with code {outcome.exit_code} {where} (sys.exit/os._exit or a fatal error)"
+    else:
+        text = f"the process ended {where} without reporting a result (os._exit?)"
+    tail = _useful_stderr(outcome.stderr_tail)
+    if tail:
+        text += f"\nstderr (last lines):\n{tail}"
+    return text
+
+
+def _useful_stderr(stderr: str, max_lines: int = 12) -> str:
+    lines = [line for line in (stderr or "").splitlines() if line.strip()]
+    return "\n".join(lines[-max_lines:])[-1500:]
+
+
+# --- the evaluator --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _State:
+    request: EvalRequest
+    future: concurrent.futures.Future
+    started: float
+    result: EvalResult
+    compile_submitted: float = 0.0
+    compile_done: float = 0.0
+    task_hash: str = ""
+    static_flags: list = dataclasses.field(default_factory=list)
+
+
+class Evaluator:
+    """Starts the compile pool and (mode "full") the GPU pool once; evaluates batches of requests.
+
+    `compile_pool` / `gpu_pool` may be passed in already built (tests, benchmarks); they are then not closed here.
+    """
+
+    def __init__(self, config: EvalConfig | None = None, *, compile_pool=None, gpu_pool=None):
+        self.config = config = config or EvalConfig()
+        n_gpus = visible_gpu_count() if config.device_type == "cuda" else 0
+        if config.mode == "auto":
+            self.mode = "full" if (config.device_type == "cpu" or n_gpus > 0) else "compile_only"
+        else:
+            self.mode = config.mode
+        if self.mode == "full" and config.device_type == "cuda" and n_gpus == 0 and gpu_pool is None:
+            raise RuntimeError("EvalConfig(mode='full', device_type='cuda') but no GPU is visible; use "
+                               "mode='auto' or 'compile_only', or device_type='cpu'")
+        policy_name = config.static_policy
+        if policy_name == "auto":
+            policy_name = "kevin" if config.device_type == "cuda" else "cpu"
+        self.static_policy = checks.StaticPolicy.named(policy_name)
+        self._own_compile_pool = compile_pool is None
+        self.compile_pool = compile_pool if compile_pool is not None else self._make_compile_pool()
+        self._own_gpu_pool = gpu_pool is None and self.mode == "full"
+        self.gpu_pool = gpu_pool
+        if self.mode == "full" and gpu_pool is None:
+            self.gpu_pool = self._make_gpu_pool(n_gpus)
+        cache_root = getattr(getattr(self.compile_pool, "config", None), "resolved_cache_dir", lambda: "")()
+        self.ref_cache = ReferenceTimingCache(
+            None if not config.ref_timing_cache else
+            (config.ref_timing_cache_dir or (os.path.join(cache_root, "ref_timing") if cache_root else None)))
+        self._closed = False
+
+    # construction of the pools
+    def _make_compile_pool(self):
+        from cuda_eval import compile_pool as cp
+        cfg = self.config
+        wanted = {"workers": cfg.compile_workers or os.cpu_count() or 1, "arch": cfg.arch,
+                  "cache_dir": cfg.cache_dir, "cache_max_bytes": cfg.cache_max_bytes,
+                  "record_timeout_s": cfg.record_timeout_s, "compile_timeout_s": cfg.compile_timeout_s,
+                  "max_log_chars": cfg.max_log_chars}
+        fields = {f.name for f in dataclasses.fields(cp.CompileConfig)}
+        return cp.CompilePool(cp.CompileConfig(**{k: v for k, v in wanted.items() if k in fields}))
+
+    def _make_gpu_pool(self, n_gpus: int):
+        from cuda_eval.gpu_pool import GpuPool, PoolConfig
+        cfg = self.config
+        if cfg.device_type == "cuda":
+            devices = tuple(resolve_devices(cfg.devices, n_gpus))
+        else:
+            devices = tuple(f"cpu{i}" for i in range(max(1, cfg.cpu_workers)))
+        return GpuPool(PoolConfig(device_type=cfg.device_type, devices=devices, run_dir=cfg.run_dir or None,
+                                  start_timeout_s=cfg.worker_start_timeout_s, spares=cfg.spare_workers,
+                                  cpu_threads=cfg.cpu_threads))
+
+    # public API
+    def submit(self, requests: Sequence[EvalRequest]) -> list[concurrent.futures.Future]:
+        if self._closed:
+            raise RuntimeError("Evaluator is closed")
+        return [self._submit_one(r) for r in requests]
+
+    def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
+        return [f.result() for f in self.submit(requests)]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._own_gpu_pool and self.gpu_pool is not None:
+            self.gpu_pool.close()
+        if self._own_compile_pool and self.compile_pool is not None:
+            self.compile_pool.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # the pipeline
+    def _submit_one(self, request: EvalRequest) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        started = time.monotonic()
+        result = EvalResult(request_id=request.request_id, task_id=request.task_id, mode=self.mode, format_ok=False)
+        state = _State(request, future, started, result, task_hash=task_hash(request.task_source))
+        result.meta.update(device_type=self.config.device_type, num_trials=self.config.num_correct_trials)
+        try:
+            extraction = extract_code(request.response)
+        except Exception as e:  # extraction promises never to raise; if it does, the verdict says so
+            extraction = None
+            result.format_error = f"could not read the response ({type(e).__name__}: {e})"
+        result.stage_times["extract"] = time.monotonic() - started
+        if extraction is None or extraction.code is None:
+            result.format_error = result.format_error or (extraction.error if extraction else "no program")
+            return self._finish(state)
+        result.format_ok, result.code = True, extraction.code
+        state.static_flags = [f.to_dict() for f in checks.static_check(extraction.code, self.static_policy)]
+        result.hack_flags = list(state.static_flags)
+        if state.static_flags and self.config.skip_run_on_static_flags:
+            return self._finish(state)
+        state.compile_submitted = time.monotonic()
+        try:
+            compile_future = self.compile_pool.submit(request.task_source, extraction.code)
+        except Exception as e:
+            return self._internal_error(state, f"compile pool refused the job: {type(e).__name__}: {e}")
+        compile_future.add_done_callback(lambda f, s=state: self._guard(s, self._on_compiled, f))
+        return future
+
+    def _guard(self, state: _State, fn, *args) -> None:
+        """Run a pipeline step; a bug in it becomes this request's internal error, never a lost future."""
+        try:
+            fn(state, *args)
+        except Exception as e:  # noqa: BLE001 - reported in the result
+            import traceback
+            self._internal_error(state, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
+
+    def _internal_error(self, state: _State, message: str) -> concurrent.futures.Future:
+        state.result.runtime_error = f"internal evaluator error (not the candidate's fault): {message}"
+        state.result.meta["internal_error"] = True
+        return self._finish(state)
+
+    def _on_compiled(self, state: _State, compile_future: concurrent.futures.Future) -> None:
+        state.compile_done = time.monotonic()
+        r = state.result
+        outcome = compile_future.result()
+        timings = dict(getattr(outcome, "timings", {}) or {})
+        compile_s = float(timings.get("wall_s", state.compile_done - state.compile_submitted))
+        r.stage_times["compile"] = compile_s
+        r.stage_times["queue"] = max(0.0, state.compile_done - state.compile_submitted - compile_s)
+        modules = [_as_dict(m) for m in (getattr(outcome, "modules", None) or [])]
+        specs = [_as_dict(s) for s in (getattr(outcome, "specs", None) or [])]
+        toolchain = dict(getattr(outcome, "toolchain", {}) or {})
+        r.meta.update(cache_hit=bool(modules) and all(m.get("cache_hit") for m in modules),
+                      arch=toolchain.get("arch"), toolchain=toolchain, compile_timings=timings,
+                      extensions=[m.get("name") for m in modules])
+        r.compile_log = getattr(outcome, "log", "") or ""
+        if not outcome.ok:
+            r.compiled = False
+            r.meta["compile_error_kind"] = getattr(outcome, "error_kind", None)
+            if not r.compile_log:
+                r.compile_log = f"build failed ({r.meta['compile_error_kind']})"
+            self._finish(state)
+            return
+        r.compiled = True
+        if self.mode == "compile_only":
+            self._finish(state)
+            return
+        cuda_sources = [src for s in specs for src in (s.get("cuda_sources") or [])]
+        kernel_names = checks.cuda_kernel_names(cuda_sources if specs else [state.result.code or ""])
+        payload = self._payload(state, modules, kernel_names, kind="evaluate")
+        job = self.gpu_pool.submit(payload, self.config.run_timeout_s)
+        job.add_done_callback(lambda f, s=state, p=payload: self._guard(s, self._on_ran, f, p))
+
+    def _payload(self, state: _State, modules: list, kernel_names: list, kind: str) -> dict:
+        cfg = self.config
+        return {
+            "kind": kind, "task_source": state.request.task_source, "code": state.result.code, "modules": modules,
+            "kernel_names": kernel_names, "runtime_build": self._runtime_build(),
+            "ref_timing_cache": self.ref_cache.entries(state.task_hash) if cfg.ref_timing_cache else {},
+            "config": {
+                "num_trials": cfg.num_correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
+                "strict_fp32": 1e-4 if cfg.strict else None, "seed": cfg.seed,
+                "timing": {"target_s": cfg.timing_target_s, "warmup_s": cfg.timing_warmup_s,
+                           "min_reps": cfg.timing_min_reps, "max_reps": cfg.timing_max_reps},
+                "timing_input_sets": cfg.timing_input_sets, "timing_inputs_max_bytes": cfg.timing_inputs_max_bytes,
+                "ref_compile": cfg.ref_compile,
+                "dynamic": {"require_custom_kernel": cfg.require_custom_kernel,
+                            "forbid_python_torch_compute": cfg.forbid_python_torch_compute,
+                            "forbid_reference_ops": cfg.forbid_reference_ops,
+                            "forbid_library_heavy_ops": cfg.forbid_library_heavy_ops,
+                            "forbid_host_transfer": cfg.forbid_host_transfer, "kernel_trace": cfg.kernel_trace,
+                            "flag_native_threads": cfg.flag_native_threads,
+                            "unsynced_slack_us": cfg.unsynced_slack_us},
+            },
+        }
+
+    def _runtime_build(self) -> dict | None:
+        """What a worker needs to build an extension reached only at run time (part 1's RuntimeBuilder)."""
+        toolchain = getattr(self.compile_pool, "toolchain", None)
+        if toolchain is None or not hasattr(toolchain, "to_dict"):
+            return None
+        return {"toolchain": toolchain.to_dict(), "cache_dir": getattr(self.compile_pool, "cache_dir", None),
+                "timeout_s": self.config.compile_timeout_s}
+
+    def _apply_outcome(self, state: _State, outcome) -> dict | None:
+        """Fold a worker outcome into the result; returns the worker's result dict (None if it crashed)."""
+        r = state.result
+        r.stage_times["queue"] = r.stage_times.get("queue", 0.0) + outcome.queue_s
+        r.stage_times["run"] = r.stage_times.get("run", 0.0) + outcome.wall_s
+        info = outcome.worker_info or {}
+        r.meta.update(gpu_name=info.get("gpu_name"), torch_version=info.get("torch_version"), device=outcome.device,
+                      timer=info.get("timer"), run_started_at=outcome.started_at)
+        w = outcome.result
+        if outcome.start_failed:
+            self._internal_error(state, "the worker process failed to start:\n" + _useful_stderr(outcome.stderr_tail))
+            return None
+        if w is None:
+            r.correct = False
+            r.runtime_error = crash_message(outcome)
+            r.meta["crash"] = {"exit_code": outcome.exit_code, "signal": outcome.signal,
+                               "timed_out": outcome.timed_out, "phase": (outcome.progress or {}).get("phase")}
+            return None
+        if w.get("status") == "internal_error":
+            self._internal_error(state, w.get("internal_error") or "worker bug")
+            return None
+        return w
+
+    def _on_ran(self, state: _State, job: concurrent.futures.Future, payload: dict) -> None:
+        r = state.result
+        outcome = job.result()
+        w = self._apply_outcome(state, outcome)
+        if w is None:
+            if not state.future.done():
+                self._finish(state)
+            return
+        r.correct = w.get("correct")
+        r.runtime_error = w.get("runtime_error")
+        r.trials = w.get("trials") or []
+        r.timing = w.get("timing")
+        r.ref_timing = w.get("ref_timing")
+        r.hack_flags = _merge_flags(state.static_flags, w.get("hack_flags") or [])
+        worker_meta = w.get("meta") or {}
+        r.meta.update({k: v for k, v in worker_meta.items()
+                       if k not in ("pid", "python", "total_memory")})
+        r.meta["ref_timing_cached"] = bool(r.ref_timing) and not w.get("ref_timing_measured")
+        if w.get("ref_timing_measured") and r.ref_timing and w.get("ref_timing_key"):
+            self.ref_cache.store(state.task_hash, w["ref_timing_key"], r.ref_timing)
+        if r.correct and r.timing and r.ref_timing and r.timing.get("median_ms"):
+            r.speedup = r.ref_timing["median_ms"] / r.timing["median_ms"]
+        threshold = self.config.retime_speedup_threshold
+        if r.correct and not r.hack_flags and r.speedup and threshold and r.speedup > threshold:
+            retime = dict(payload, kind="retime", ref_timing_cache={})
+            fut = self.gpu_pool.submit(retime, self.config.run_timeout_s)
+            fut.add_done_callback(lambda f, s=state: self._guard(s, self._on_retimed, f))
+            return
+        self._finish(state)
+
+    def _on_retimed(self, state: _State, job: concurrent.futures.Future) -> None:
+        r = state.result
+        first = r.speedup
+        outcome = job.result()
+        w = outcome.result
+        r.stage_times["run"] = r.stage_times.get("run", 0.0) + outcome.wall_s
+        fresh = None
+        if w and w.get("status") == "ok" and w.get("correct") and w.get("timing") and w.get("ref_timing"):
+            fresh = w["ref_timing"]["median_ms"] / w["timing"]["median_ms"]
+        r.meta["retime"] = {"first_speedup": first, "fresh_speedup": fresh,
+                            "fresh_timing": (w or {}).get("timing"), "fresh_ref_timing": (w or {}).get("ref_timing")}
+        if fresh is None:
+            why = (w or {}).get("runtime_error") or crash_message(outcome) if not (w and w.get("correct")) else ""
+            r.hack_flags.append({"code": "speedup_not_reproduced",
+                                 "reason": f"speedup {first:.1f}x could not be re-measured in a fresh process: "
+                                           f"{why}"[:600]})
+        elif fresh < first * self.config.retime_min_ratio:
+            r.hack_flags.append({"code": "speedup_not_reproduced",
+                                 "reason": f"speedup {first:.1f}x fell to {fresh:.1f}x in a fresh process"})
+        else:
+            r.speedup = min(first, fresh)  # the conservative of two honest measurements
+        self._finish(state)
+
+    def _finish(self, state: _State) -> concurrent.futures.Future:
+        r = state.result
+        r.stage_times.setdefault("queue", 0.0)
+        r.stage_times.setdefault("compile", 0.0)
+        r.stage_times.setdefault("run", 0.0)
+        r.stage_times["total"] = time.monotonic() - state.started
+        r.feedback = feedback.render(r, self.config.max_feedback_chars)
+        if not state.future.done():
+            state.future.set_result(r)
+        return state.future
+
+
+def _as_dict(obj: Any) -> dict:
+    if isinstance(obj, dict):
+        return dict(obj)
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return dict(vars(obj))
+
+
+def _merge_flags(static: list[dict], dynamic: list[dict]) -> list[dict]:
+    out = list(static)
+    for f in dynamic:
+        if not any(g["code"] == f["code"] for g in out):
+            out.append(f)
+    return out
+
+
+def evaluate(requests: Sequence[EvalRequest], config: EvalConfig | None = None) -> list[EvalResult]:
+    """One-shot convenience: start an Evaluator, evaluate, shut it down."""
+    with Evaluator(config) as evaluator:
+        return evaluator.evaluate(requests)

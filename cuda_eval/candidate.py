@@ -1,0 +1,492 @@
+"""A candidate program: extraction from a model response, and interception of its extension builds.
+
+- `extract_code(response)`: the program inside an LLM response (never raises).
+- `ExtensionSpec`: everything a `load_inline` / `load` call passes that affects the build, hashable.
+- `record_extensions(sink)`: stage 1 (compile workers). load_inline/load only record their spec and return a module
+  whose functions raise if called, so that a candidate can be executed on a CPU-only machine to learn its sources.
+- `install_prebuilt(modules, builder=...)`: stage 2 (GPU worker). load_inline/load return the prebuilt module whose
+  spec matches; a build never seen in stage 1 (e.g. reached only inside forward) goes through `builder` (our build +
+  the cache), never through torch's ninja build.
+
+Extraction rule (documented in docs/ARCHITECTURE.md): fenced blocks are ```python / ```py / ```python3 / ``` (no
+language) ... ```; only complete (closed) blocks count. Kevin-style answers put the final program after the
+reasoning, so blocks after the last `</think>` are preferred; if there are none there, any block in the response is
+considered (a model that forgets to close its think section still gets graded). Among the considered blocks the LAST
+one that defines `class ModelNew` wins.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# --- extraction -----------------------------------------------------------------------------------------------
+_FENCE_OPEN = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([A-Za-z0-9_+.\-]*)[^\n`]*$")
+_PYTHON_LANGS = {"", "python", "py", "python3", "py3"}
+_MODEL_NEW = re.compile(r"^[ \t]*class[ \t]+ModelNew\b", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Extraction:
+    code: str | None
+    error: str | None   # None when code was found
+
+    @property
+    def ok(self) -> bool:
+        return self.code is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    start: int           # character offset of the opening fence line
+    lang: str
+    code: str
+    closed: bool
+
+
+def _fenced_blocks(text: str) -> list[_Block]:
+    blocks = []
+    lines = text.splitlines(keepends=True)
+    offset = 0
+    i = 0
+    offsets = []
+    for line in lines:
+        offsets.append(offset)
+        offset += len(line)
+    while i < len(lines):
+        m = _FENCE_OPEN.match(lines[i].rstrip("\r\n"))
+        if not m:
+            i += 1
+            continue
+        fence, lang = m.group(1), m.group(2).lower()
+        body = []
+        j = i + 1
+        closed = False
+        while j < len(lines):
+            stripped = lines[j].strip()
+            if stripped and stripped[0] == fence[0] and set(stripped) == {fence[0]} and len(stripped) >= len(fence):
+                closed = True
+                break
+            body.append(lines[j])
+            j += 1
+        blocks.append(_Block(offsets[i], lang, "".join(body), closed))
+        i = j + 1
+    return blocks
+
+
+def extract_code(response: str) -> Extraction:
+    """The candidate program in `response`, or a format error saying what is missing. Never raises."""
+    try:
+        return _extract(response)
+    except Exception as e:  # noqa: BLE001 - a format verdict, whatever the input
+        return Extraction(None, f"could not parse the response ({type(e).__name__})")
+
+
+def _extract(response: Any) -> Extraction:
+    if not isinstance(response, str):
+        return Extraction(None, f"the response is not text ({type(response).__name__})")
+    if not response.strip():
+        return Extraction(None, "empty response")
+    blocks = [b for b in _fenced_blocks(response) if b.lang in _PYTHON_LANGS]
+    if not blocks:
+        return Extraction(None, "no ```python code block in the response")
+    complete = [b for b in blocks if b.closed]
+    if not complete:
+        return Extraction(None, "the ```python code block is not closed (response truncated?)")
+    think_end = response.rfind("</think>")
+    after = [b for b in complete if b.start > think_end] if think_end >= 0 else complete
+    for pool in (after, complete):
+        with_model = [b for b in pool if _MODEL_NEW.search(b.code)]
+        if with_model:
+            code = with_model[-1].code
+            return Extraction(code if code.endswith("\n") else code + "\n", None)
+    return Extraction(None, "the code block does not define class ModelNew")
+
+
+# --- extension specs ------------------------------------------------------------------------------------------
+class ExtensionCallError(RuntimeError):
+    """A recorded (not built) extension function was called: expected in the compile stage, where nothing runs."""
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{what} must be a string or a list of strings")
+        return tuple(value)
+    raise TypeError(f"{what} must be a string or a list of strings, got {type(value).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtensionSpec:
+    """What a load_inline / load call asks to build (every argument that changes the product; not the build
+    directory, verbosity, keep_intermediates or torch's own use_pch)."""
+    name: str
+    cpp_sources: tuple[str, ...] = ()
+    cuda_sources: tuple[str, ...] = ()
+    functions: tuple[tuple[str, str], ...] | None = None  # (name, docstring); None: no generated bindings
+    extra_cflags: tuple[str, ...] = ()
+    extra_cuda_cflags: tuple[str, ...] = ()
+    extra_ldflags: tuple[str, ...] = ()
+    extra_include_paths: tuple[str, ...] = ()
+    with_cuda: bool | None = None
+    with_pytorch_error_handling: bool = True
+    is_python_module: bool = True
+    is_standalone: bool = False
+    no_implicit_headers: bool = False
+    kind: str = "inline"                                   # "inline" (load_inline) | "files" (load)
+    source_files: tuple[tuple[str, str], ...] = ()         # kind="files": (file name, content), sources then headers
+    n_sources: int = 0                                     # kind="files": how many of source_files are sources
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
+            raise ValueError(f"extension name must be a valid identifier, got {self.name!r}")
+        if self.kind not in ("inline", "files"):
+            raise ValueError(f"kind must be 'inline' or 'files', got {self.kind!r}")
+
+    @property
+    def uses_cuda(self) -> bool:
+        if self.with_cuda is not None:
+            return bool(self.with_cuda)
+        if self.kind == "files":
+            return any(n.endswith((".cu", ".cuh")) for n, _ in self.source_files[:self.n_sources])
+        return bool(self.cuda_sources)
+
+    # plain data
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["functions"] = None if self.functions is None else [list(f) for f in self.functions]
+        d["source_files"] = [list(f) for f in self.source_files]
+        for k in ("cpp_sources", "cuda_sources", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",
+                  "extra_include_paths"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ExtensionSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown ExtensionSpec fields: {sorted(unknown)}")
+        kw = dict(d)
+        for k in ("cpp_sources", "cuda_sources", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",
+                  "extra_include_paths"):
+            if k in kw:
+                kw[k] = tuple(kw[k])
+        if kw.get("functions") is not None:
+            kw["functions"] = tuple((str(a), str(b)) for a, b in kw["functions"])
+        if "source_files" in kw:
+            kw["source_files"] = tuple((str(a), str(b)) for a, b in kw["source_files"])
+        return cls(**kw)
+
+    def key(self) -> str:
+        """Identity of the request alone (what the candidate asked for)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def content_hash(self, toolchain: Mapping) -> str:
+        """Address of the built product: the request plus everything of the toolchain that changes the binary
+        (torch/nvcc/compiler versions, target arch, Python ABI, our build recipe version)."""
+        blob = json.dumps({"spec": self.key(), "toolchain": dict(toolchain)}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _functions(value: Any) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            raise TypeError("functions must be a list of names or a dict of name -> docstring")
+        return tuple((v, v) for v in value)
+    if isinstance(value, dict):
+        return tuple((str(k), str(v)) for k, v in value.items())
+    raise ValueError(f"Expected 'functions' to be a list or dict, but was {type(value)}")
+
+
+# Mirrors of torch.utils.cpp_extension's signatures (torch 2.11-2.13), so that positional calls bind the same way.
+def _load_inline_signature(name, cpp_sources, cuda_sources=None, sycl_sources=None, functions=None,
+                           extra_cflags=None, extra_cuda_cflags=None, extra_sycl_cflags=None, extra_ldflags=None,
+                           extra_include_paths=None, build_directory=None, verbose=False, with_cuda=None,
+                           with_sycl=None, is_python_module=True, with_pytorch_error_handling=True,
+                           keep_intermediates=True, use_pch=False, no_implicit_headers=False):
+    pass
+
+
+def _load_signature(name, sources, extra_cflags=None, extra_cuda_cflags=None, extra_sycl_cflags=None,
+                    extra_ldflags=None, extra_include_paths=None, build_directory=None, verbose=False,
+                    with_cuda=None, with_sycl=None, is_python_module=True, is_standalone=False,
+                    keep_intermediates=True):
+    pass
+
+
+_HEADER_EXTS = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc")
+_MAX_SIBLING_HEADER_BYTES = 1 << 20
+
+
+def spec_from_load_inline(*args, **kwargs) -> ExtensionSpec:
+    """The spec of a load_inline(...) call (raises TypeError/ValueError for arguments torch would reject)."""
+    a = inspect.signature(_load_inline_signature).bind(*args, **kwargs).arguments
+    if a.get("sycl_sources") or a.get("with_sycl"):
+        raise ValueError("SYCL sources are not supported by this evaluator")
+    return ExtensionSpec(
+        name=a["name"], cpp_sources=_strings(a["cpp_sources"], "cpp_sources"),
+        cuda_sources=_strings(a.get("cuda_sources"), "cuda_sources"), functions=_functions(a.get("functions")),
+        extra_cflags=_strings(a.get("extra_cflags"), "extra_cflags"),
+        extra_cuda_cflags=_strings(a.get("extra_cuda_cflags"), "extra_cuda_cflags"),
+        extra_ldflags=_strings(a.get("extra_ldflags"), "extra_ldflags"),
+        extra_include_paths=_strings(a.get("extra_include_paths"), "extra_include_paths"),
+        with_cuda=a.get("with_cuda"), with_pytorch_error_handling=bool(a.get("with_pytorch_error_handling", True)),
+        is_python_module=bool(a.get("is_python_module", True)),
+        no_implicit_headers=bool(a.get("no_implicit_headers", False)), kind="inline")
+
+
+def spec_from_load(*args, **kwargs) -> ExtensionSpec:
+    """The spec of a load(name, sources=[files], ...) call: the files (and headers next to them) are read now."""
+    a = inspect.signature(_load_signature).bind(*args, **kwargs).arguments
+    if a.get("with_sycl"):
+        raise ValueError("SYCL sources are not supported by this evaluator")
+    sources = _strings(a["sources"], "sources")
+    files: list[tuple[str, str]] = []
+    seen = set()
+    for path in sources:
+        base = os.path.basename(path)
+        if base in seen:
+            raise ValueError(f"two sources named {base}: the evaluator builds them in one directory")
+        seen.add(base)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            files.append((base, f.read()))
+    n_sources = len(files)
+    # Headers next to the sources (#include "kernel.cuh"), since the build happens elsewhere.
+    for d in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in sources):
+        for entry in sorted(os.scandir(d), key=lambda e: e.name):
+            if entry.name.endswith(_HEADER_EXTS) and entry.name not in seen and entry.is_file() \
+                    and entry.stat().st_size <= _MAX_SIBLING_HEADER_BYTES:
+                seen.add(entry.name)
+                with open(entry.path, encoding="utf-8", errors="replace") as f:
+                    files.append((entry.name, f.read()))
+    return ExtensionSpec(
+        name=a["name"], extra_cflags=_strings(a.get("extra_cflags"), "extra_cflags"),
+        extra_cuda_cflags=_strings(a.get("extra_cuda_cflags"), "extra_cuda_cflags"),
+        extra_ldflags=_strings(a.get("extra_ldflags"), "extra_ldflags"),
+        extra_include_paths=_strings(a.get("extra_include_paths"), "extra_include_paths"),
+        with_cuda=a.get("with_cuda"), is_python_module=bool(a.get("is_python_module", True)),
+        is_standalone=bool(a.get("is_standalone", False)), kind="files", source_files=tuple(files),
+        n_sources=n_sources)
+
+
+# --- stage 1: record --------------------------------------------------------------------------------------------
+class RecordedExtension:
+    """What load_inline returns in the compile stage: any function of it raises ExtensionCallError."""
+
+    def __init__(self, spec: ExtensionSpec):
+        object.__setattr__(self, "_spec", spec)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        spec = object.__getattribute__(self, "_spec")
+
+        def not_built(*args, **kwargs):
+            raise ExtensionCallError(f"extension {spec.name!r} is only recorded in the compile stage; "
+                                     f"{attr}() runs in the GPU stage")
+        not_built.__name__ = attr
+        return not_built
+
+    def __repr__(self) -> str:
+        return f"<recorded extension {object.__getattribute__(self, '_spec').name!r}>"
+
+
+_patch_lock = threading.RLock()
+
+
+class _Patch:
+    """Replaces torch.utils.cpp_extension.load_inline / load while active (a context manager; uninstall())."""
+
+    def __init__(self, load_inline: Callable, load: Callable):
+        import torch.utils.cpp_extension as cpp_extension
+        self._module = cpp_extension
+        with _patch_lock:
+            self._saved = (cpp_extension.load_inline, cpp_extension.load)
+            cpp_extension.load_inline = load_inline
+            cpp_extension.load = load
+        self.active = True
+
+    def uninstall(self) -> None:
+        with _patch_lock:
+            if self.active:
+                self._module.load_inline, self._module.load = self._saved
+                self.active = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.uninstall()
+
+
+def record_extensions(sink: list) -> _Patch:
+    """Stage 1: every load_inline/load call appends its ExtensionSpec to `sink` and returns a RecordedExtension
+    (or, for is_python_module=False, a path string, as torch does)."""
+
+    def record(spec: ExtensionSpec):
+        sink.append(spec)
+        if not spec.is_python_module:
+            return f"<recorded:{spec.name}>.so"
+        return RecordedExtension(spec)
+
+    def load_inline(*args, **kwargs):
+        return record(spec_from_load_inline(*args, **kwargs))
+
+    def load(*args, **kwargs):
+        return record(spec_from_load(*args, **kwargs))
+
+    load_inline.__wrapped_by__ = load.__wrapped_by__ = "cuda_eval.candidate.record_extensions"
+    return _Patch(load_inline, load)
+
+
+# --- stage 2: prebuilt ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BuiltModule:
+    """A built extension: what the compile stage hands to the GPU stage (plain data)."""
+    name: str
+    so_path: str
+    spec_hash: str              # cache address (spec + toolchain)
+    cache_hit: bool = False
+    spec_key: str = ""          # ExtensionSpec.key(): how stage 2 recognises the load_inline call
+    header_mode: str = ""       # "light" | "exact" | "light_failed_exact" | "cpp" (how the .cu was compiled)
+    build_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def import_extension(name: str, so_path: str, is_python_module: bool = True):
+    """Load a built extension the way torch's load_inline does (module from file; or a TORCH_LIBRARY .so). torch is
+    imported first: the .so needs libc10/libtorch by soname, which only the loaded torch provides."""
+    import torch
+    if not is_python_module:
+        torch.ops.load_library(so_path)
+        return so_path
+    spec = importlib.util.spec_from_file_location(name, so_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load extension {name} from {so_path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_prebuilt(modules: Mapping[str, str] | Sequence[BuiltModule | Mapping], *,
+                     builder: Callable[[ExtensionSpec], str] | None = None) -> _Patch:
+    """Stage 2: load_inline/load return the prebuilt module of the matching spec.
+
+    modules: {spec_key: so_path} or BuiltModule objects (or their dicts). builder(spec) -> so_path builds a spec
+    never seen in stage 1 (raise to fail the call, as a failed build would); without a builder such a call raises.
+    Returns the active patch (uninstall() / context manager)."""
+    table: dict[str, str] = {}
+    if isinstance(modules, Mapping):
+        table.update({str(k): str(v) for k, v in modules.items()})
+    else:
+        for m in modules:
+            if isinstance(m, Mapping):
+                m = BuiltModule(**{k: v for k, v in m.items() if k in {f.name for f in dataclasses.fields(BuiltModule)}})
+            if not m.spec_key:
+                raise ValueError(f"BuiltModule {m.name} has no spec_key: it did not come from the compile stage")
+            table[m.spec_key] = m.so_path
+    loaded: dict[str, Any] = {}
+
+    def provide(spec: ExtensionSpec):
+        key = spec.key()
+        if key in loaded:
+            return loaded[key]
+        so_path = table.get(key)
+        if so_path is None:
+            if builder is None:
+                raise RuntimeError(f"extension {spec.name!r} was not built in the compile stage (a build reached only "
+                                   "at run time) and no run-time builder is configured")
+            so_path = builder(spec)
+            table[key] = so_path
+        module = import_extension(spec.name, so_path, spec.is_python_module)
+        loaded[key] = module
+        return module
+
+    def load_inline(*args, **kwargs):
+        return provide(spec_from_load_inline(*args, **kwargs))
+
+    def load(*args, **kwargs):
+        return provide(spec_from_load(*args, **kwargs))
+
+    return _Patch(load_inline, load)
+
+
+# --- static speculation --------------------------------------------------------------------------------------------
+class _NotStatic(Exception):
+    pass
+
+
+def _static_value(node, env: dict):
+    """The value of a literal-ish expression: constants, names bound to such values, lists/tuples/dicts of them,
+    + of strings/lists, and implicit string concatenation. Anything else raises _NotStatic."""
+    import ast
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        raise _NotStatic(node.id)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_static_value(e, env) for e in node.elts]
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_static_value(k, env): _static_value(v, env) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _static_value(node.left, env), _static_value(node.right, env)
+        if type(left) is type(right) and isinstance(left, (str, list)):
+            return left + right
+    raise _NotStatic(type(node).__name__)
+
+
+def speculate_specs(code: str) -> list[ExtensionSpec]:
+    """The extensions a program will most likely build, read statically (without running it): module-level
+    `x = load_inline(...)` calls whose arguments are literals or module-level constants. Used to start building
+    while the program is still being recorded; the recorded specs remain the truth. Never raises; [] if unsure."""
+    import ast
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in ast.walk(tree)):
+        return []
+    env: dict = {}
+    specs: list[ExtensionSpec] = []
+    for stmt in tree.body:
+        value = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
+        if isinstance(value, ast.Call):
+            fn = value.func
+            fname = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if fname == "load_inline":
+                try:
+                    args = [_static_value(a, env) for a in value.args]
+                    kwargs = {k.arg: _static_value(k.value, env) for k in value.keywords if k.arg}
+                    if any(k.arg is None for k in value.keywords):
+                        raise _NotStatic("**kwargs")
+                    specs.append(spec_from_load_inline(*args, **kwargs))
+                except Exception:  # noqa: BLE001 - not statically knowable: the recording will tell
+                    pass
+                continue
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            try:
+                env[stmt.targets[0].id] = _static_value(stmt.value, env)
+            except _NotStatic:
+                env.pop(stmt.targets[0].id, None)
+    return specs

@@ -1,0 +1,424 @@
+"""Static reward-hack policy: reads the candidate's source with `ast` (never executes it) and returns hack flags.
+
+Kevin's rules are the default (`StaticPolicy()`): a response scores 0 unless it defines a CUDA kernel (`__global__`)
+and builds it with `load_inline`; ModelNew.forward (and every helper it reaches) must not compute with torch
+(torch.nn modules / torch.nn.functional / torch compute functions and tensor methods, `@`), beyond allocation, views,
+dtype/device moves, Parameters and containers; no try/except fallbacks; no use of the reference `Model`. We add what
+KernelBench's users found: assignments that monkeypatch torch/time/builtins, and threads (Python or C++).
+
+The dynamic checks in worker.py catch what static analysis cannot (ops reached through helpers we cannot resolve,
+C++ wrappers calling ATen, kernels never launched); these static flags are cheap and let the evaluator skip the GPU.
+
+Also exported: `cuda_kernel_names(sources)`, the `__global__` function names of CUDA sources (the worker uses them
+to recognise the candidate's own kernels in a profiler trace).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from typing import Iterable
+
+
+@dataclasses.dataclass(frozen=True)
+class HackFlag:
+    """One reason to reject a candidate. `code` is stable (tests, metrics); `reason` is for humans and the model."""
+    code: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "reason": self.reason}
+
+
+# Every flag code the evaluator can emit (static and dynamic), with the one-line meaning used in docs and feedback.
+FLAG_CODES: dict[str, str] = {
+    # static (this module)
+    "no_cuda_kernel": "the program defines no CUDA kernel (__global__ function)",
+    "no_load_inline": "the program does not build its kernel with torch.utils.cpp_extension.load_inline",
+    "torch_in_forward": "ModelNew.forward computes with PyTorch (torch.nn, torch.nn.functional, torch ops)",
+    "try_except": "try/except fallback",
+    "reference_model": "uses or subclasses the reference Model",
+    "monkeypatch": "replaces torch/time/builtin functions",
+    "thread": "starts threads (Python threading or C++ threads)",
+    # dynamic (worker.py)
+    "no_custom_kernel": "forward never ran the candidate's own kernel",
+    "torch_compute_in_forward": "forward ran PyTorch compute ops from Python",
+    "reference_op": "forward ran the reference's own PyTorch compute ops (in Python or in the C++ wrapper)",
+    "library_heavy_op": "forward ran a PyTorch library GEMM/convolution/attention op",
+    "host_transfer": "forward copied data between the GPU and the host",
+    "input_mutated": "forward modified its inputs",
+    "output_aliases_input": "an output shares memory with an input",
+    "output_aliases_parameter": "an output shares memory with a parameter or buffer",
+    "output_not_plain_tensor": "an output is a tensor subclass or a lazily evaluated wrapper",
+    "cached_output": "outputs do not follow fresh inputs (results cached across calls)",
+    "stale_output": "output equals an earlier reference result (reused buffer)",
+    "unsynced_stream": "work was still running on another stream when forward returned",
+    "background_thread": "threads left running after forward",
+    "calls_reference_model": "forward executed the reference Model's code",
+    "speedup_not_reproduced": "the speedup did not hold when re-timed in a fresh process",
+}
+
+# torch.<name>(...) calls that allocate, describe or move data rather than compute on it.
+_TORCH_ALLOWED_CALLS = frozenset("""
+    empty empty_like empty_strided zeros zeros_like ones ones_like full full_like tensor as_tensor as_strided
+    from_numpy arange Size device dtype is_tensor is_floating_point is_complex numel get_default_dtype no_grad
+    inference_mode enable_grad broadcast_shapes promote_types result_type finfo iinfo manual_seed
+    get_device set_grad_enabled is_grad_enabled
+""".split())
+# torch.<submodule>.* namespaces whose members are not compute (streams, events, devices, extension loading...).
+_TORCH_ALLOWED_NAMESPACES = ("torch.cuda", "torch.utils", "torch.backends", "torch.version", "torch.jit",
+                             "torch.compiler", "torch.library")
+# Tensor methods that compute (flagged when called in forward); views, allocation and moves are not listed.
+_TENSOR_COMPUTE_METHODS = frozenset("""
+    matmul mm bmm addmm addmv addbmm baddbmm mv dot vdot outer inner einsum tensordot kron
+    sum nansum mean nanmean prod cumsum cumprod cummax cummin logcumsumexp logsumexp std var var_mean std_mean
+    norm renorm max min amax amin aminmax argmax argmin median nanmedian mode quantile sort argsort topk kthvalue
+    msort unique all any count_nonzero
+    relu relu_ sigmoid sigmoid_ tanh tanh_ softmax log_softmax exp exp_ exp2 expm1 log log_ log2 log10 log1p
+    sqrt sqrt_ rsqrt rsqrt_ pow pow_ square abs abs_ neg neg_ reciprocal sign sgn clamp clamp_ clip clip_
+    clamp_min clamp_max floor ceil round trunc frac erf erfc erfinv sin cos tan asin acos atan atan2 sinh cosh
+    hardtanh gelu silu mish elu selu leaky_relu softplus hardsigmoid hardswish logit
+    add add_ sub sub_ mul mul_ div div_ true_divide floor_divide remainder fmod addcmul addcmul_ addcdiv addcdiv_
+    lerp lerp_ maximum minimum fmax fmin hypot xlogy
+    masked_fill masked_fill_ masked_scatter masked_select where gather scatter scatter_ scatter_add scatter_add_
+    scatter_reduce index_select index_add index_add_ index_copy index_fill index_put index_put_ take put_
+    tril triu diag diag_embed trace cross cdist histc bincount
+    eq ne gt lt ge le logical_and logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_xor isnan
+    isinf isfinite nan_to_num nan_to_num_ roll flip rot90 repeat repeat_interleave tile cumulative_trapezoid
+    conv1d conv2d conv3d dropout dropout_ normal_ uniform_ bernoulli bernoulli_ exponential_ random_
+""".split())
+# nn.Module classes that are containers or plain data, not compute (calling them in forward is not flagged).
+_NN_CONTAINERS = frozenset({"Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Parameter",
+                            "Identity", "Buffer"})
+# Modules whose attributes a candidate must not reassign (timers, synchronisation, comparison functions...).
+_PROTECTED_MODULES = ("torch", "time", "builtins", "sys", "threading", "os", "gc", "numpy", "cuda_eval", "ctypes",
+                      "timeit", "importlib")
+_THREAD_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "asyncio")
+_CPP_THREAD_PATTERN = re.compile(r"std::thread\b|std::jthread\b|pthread_create\b|std::async\b|#\s*include\s*<thread>")
+_GLOBAL_PATTERN = re.compile(r"\b__global__\b")
+_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
+_KERNEL_NAME = re.compile(r"\b__global__\b[^;{}()]*?\b([A-Za-z_]\w*)\s*(?:<[^;{}()]*>)?\s*\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticPolicy:
+    """Which static rules apply. Defaults are Kevin's policy plus the KernelBench-hack extras."""
+    require_cuda_kernel: bool = True       # some string of the program contains a `__global__` function
+    require_load_inline: bool = True       # the program calls load_inline (or cpp_extension.load)
+    forbid_torch_in_forward: bool = True   # no torch compute in ModelNew.forward and the helpers it reaches
+    forbid_try_except: bool = True         # no try/except anywhere (Kevin: fallbacks to PyTorch)
+    forbid_reference_model: bool = True    # no `Model` (subclassing, calling, importing)
+    forbid_monkeypatch: bool = True        # no assignment to attributes of torch/time/builtins/... or sys.modules
+    forbid_threads: bool = True            # no threading/multiprocessing/asyncio imports, no C++ threads
+
+    @classmethod
+    def named(cls, name: str) -> "StaticPolicy":
+        """'kevin' (default), 'cpu' (Kevin's without the __global__ rule: CPU-mode C++ candidates), 'off'."""
+        if name == "kevin":
+            return cls()
+        if name == "cpu":
+            return cls(require_cuda_kernel=False)
+        if name == "off":
+            return cls(**{f.name: False for f in dataclasses.fields(cls)})
+        raise ValueError(f"unknown static policy {name!r}: expected 'kevin', 'cpu' or 'off'")
+
+
+def cuda_kernel_names(sources: Iterable[str]) -> list[str]:
+    """Names of the `__global__` functions defined in these CUDA source strings (sorted, unique)."""
+    names = set()
+    for source in sources:
+        for match in _KERNEL_NAME.finditer(_LAUNCH_BOUNDS.sub(" ", source)):
+            names.add(match.group(1))
+    return sorted(names - {"void", "static", "inline", "extern"})
+
+
+def static_check(code: str, policy: StaticPolicy | None = None) -> list[HackFlag]:
+    """Flags for `code` (a candidate program) under `policy`. A syntax error gives no flags: the compile stage reports
+    it with the interpreter's message. Never raises on any string."""
+    policy = policy or StaticPolicy()
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    try:
+        return _Checker(tree, policy).run()
+    except RecursionError:  # absurdly nested code: reject rather than crash the evaluator
+        return [HackFlag("torch_in_forward", "program too deeply nested to analyse")]
+
+
+class _Checker:
+    def __init__(self, tree: ast.Module, policy: StaticPolicy):
+        self.tree = tree
+        self.policy = policy
+        self.flags: list[HackFlag] = []
+        self.aliases = _import_aliases(tree)  # local name -> dotted module/object path
+        self.strings = [s for s in _string_constants(tree)]
+        self.functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.model_new = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "ModelNew"),
+                              None)
+
+    def flag(self, code: str, reason: str) -> None:
+        if not any(f.code == code and f.reason == reason for f in self.flags):
+            self.flags.append(HackFlag(code, reason))
+
+    def run(self) -> list[HackFlag]:
+        p = self.policy
+        if p.require_cuda_kernel and not any(_GLOBAL_PATTERN.search(s) for s in self.strings):
+            self.flag("no_cuda_kernel", "no CUDA kernel: no `__global__` function in the program's sources")
+        if p.require_load_inline and not self._calls_load_inline():
+            self.flag("no_load_inline", "the kernel is not built with torch.utils.cpp_extension.load_inline")
+        if p.forbid_try_except:
+            for node in ast.walk(self.tree):
+                if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and node.handlers:
+                    self.flag("try_except", f"try/except at line {node.lineno}: fallbacks are not allowed")
+                    break
+        if p.forbid_reference_model:
+            self._check_reference_model()
+        if p.forbid_monkeypatch:
+            self._check_monkeypatch()
+        if p.forbid_threads:
+            self._check_threads()
+        if p.forbid_torch_in_forward and self.model_new is not None:
+            self._check_forward()
+        return self.flags
+
+    # --- rules ---------------------------------------------------------------------------------------------------
+    def _calls_load_inline(self) -> bool:
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call):
+                path = self._resolve(node.func)
+                if path and path.split(".")[-1] in ("load_inline", "load") and (
+                        "cpp_extension" in path or path in ("load_inline",)):
+                    return True
+        return False
+
+    def _check_reference_model(self) -> None:
+        own_models = [n for n in self.tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"]
+        own_model = bool(own_models)
+        inside_own = {id(n) for m in own_models for n in ast.walk(m)}  # a verbatim copy refers to itself
+        if self.model_new is not None:
+            for base in self.model_new.bases:
+                if _mentions_model(base):
+                    self.flag("reference_model", "ModelNew subclasses the reference Model")
+        for node in ast.walk(self.tree):
+            if id(node) in inside_own:
+                continue
+            if isinstance(node, ast.Name) and node.id == "Model" and isinstance(node.ctx, ast.Load):
+                what = "its own copy of the reference Model" if own_model else "the reference Model"
+                self.flag("reference_model", f"line {node.lineno} uses {what}")
+                return
+            if isinstance(node, ast.Attribute) and node.attr == "Model" and not self._is_torch_path(node):
+                self.flag("reference_model", f"line {node.lineno} reaches the reference Model through an attribute")
+                return
+            if isinstance(node, ast.ImportFrom) and any(a.name == "Model" for a in node.names):
+                self.flag("reference_model", f"line {node.lineno} imports Model")
+                return
+
+    def _check_monkeypatch(self) -> None:
+        for node in ast.walk(self.tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            for target in targets:
+                for t in _flatten_targets(target):
+                    if isinstance(t, ast.Attribute):
+                        path = self._resolve(t.value)
+                        if path and path.split(".")[0] in _PROTECTED_MODULES:
+                            self.flag("monkeypatch", f"line {node.lineno} replaces {path}.{t.attr}")
+                    elif isinstance(t, ast.Subscript):
+                        path = self._resolve(t.value)
+                        if path in ("sys.modules", "builtins.__dict__") or (
+                                path and path.split(".")[0] in _PROTECTED_MODULES and path.endswith("__dict__")):
+                            self.flag("monkeypatch", f"line {node.lineno} writes into {path}")
+            if isinstance(node, ast.Call):
+                path = self._resolve(node.func)
+                if path in ("setattr", "builtins.setattr", "delattr", "builtins.delattr") and node.args:
+                    obj = self._resolve(node.args[0])
+                    if obj and obj.split(".")[0] in _PROTECTED_MODULES:
+                        self.flag("monkeypatch", f"line {node.lineno} calls {path} on {obj}")
+
+    def _check_threads(self) -> None:
+        for node in ast.walk(self.tree):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            elif isinstance(node, ast.Call):
+                path = self._resolve(node.func)
+                if path in ("__import__", "importlib.import_module") and node.args and isinstance(
+                        node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                    mods = [node.args[0].value]
+            for mod in mods:
+                if mod.split(".")[0] in _THREAD_MODULES:
+                    self.flag("thread", f"line {node.lineno} imports {mod}")
+        for s in self.strings:
+            m = _CPP_THREAD_PATTERN.search(s)
+            if m:
+                self.flag("thread", f"C++ source starts threads ({m.group(0).strip()})")
+                break
+
+    def _check_forward(self) -> None:
+        methods = {n.name: n for n in self.model_new.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if "forward" not in methods:
+            return
+        module_attrs = self._init_module_attributes(methods.get("__init__"))
+        # Walk forward and everything it reaches through self.<method>() and module-level functions.
+        todo, seen = [("ModelNew.forward", methods["forward"])], set()
+        while todo:
+            label, fn = todo.pop()
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            for node in ast.walk(fn):
+                if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                    self.flag("torch_in_forward", f"{label} line {node.lineno}: `@` matrix multiply in PyTorch")
+                if isinstance(node, ast.Call):
+                    self._check_call(label, node, module_attrs)
+                    callee = node.func
+                    if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name) and \
+                            callee.value.id == "self" and callee.attr in methods:
+                        todo.append((f"ModelNew.{callee.attr}", methods[callee.attr]))
+                    elif isinstance(callee, ast.Name) and callee.id in self.functions:
+                        todo.append((callee.id, self.functions[callee.id]))
+
+    def _init_module_attributes(self, init: ast.AST | None) -> dict[str, str]:
+        """self.<attr> = <torch thing> assignments in __init__: attr -> dotted path of what it holds."""
+        found: dict[str, str] = {}
+        if init is None:
+            return found
+        for node in ast.walk(init):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                            target.value.id == "self":
+                        value = node.value.func if isinstance(node.value, ast.Call) else node.value
+                        path = self._resolve(value)
+                        if path and path.startswith("torch"):
+                            kind = "instance" if isinstance(node.value, ast.Call) else "function"
+                            found[target.attr] = f"{kind}:{path}"
+        return found
+
+    def _check_call(self, label: str, node: ast.Call, module_attrs: dict[str, str]) -> None:
+        func = node.func
+        where = f"{label} line {node.lineno}"
+        path = self._resolve(func)
+        if path and path.startswith("torch."):
+            if self._torch_call_is_compute(path):
+                self.flag("torch_in_forward", f"{where}: calls {path}")
+            return
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" and \
+                func.attr in module_attrs:
+            kind, held = module_attrs[func.attr].split(":", 1)
+            cls = held.split(".")[-1]
+            if kind == "function" and self._torch_call_is_compute(held):
+                self.flag("torch_in_forward", f"{where}: calls self.{func.attr} = {held}")
+            elif kind == "instance" and ".nn." in f".{held}." and cls not in _NN_CONTAINERS:
+                self.flag("torch_in_forward", f"{where}: runs the PyTorch module self.{func.attr} ({held})")
+            return
+        if isinstance(func, ast.Attribute) and func.attr in _TENSOR_COMPUTE_METHODS:
+            if path is None or not path.startswith(("math.", "np.", "numpy.")):
+                owner = _expr_text(func.value)
+                if not self._is_extension_object(func.value):
+                    self.flag("torch_in_forward", f"{where}: tensor method {owner}.{func.attr}()")
+
+    def _torch_call_is_compute(self, path: str) -> bool:
+        if path.startswith(_TORCH_ALLOWED_NAMESPACES):
+            return False
+        parts = path.split(".")
+        if parts[:2] == ["torch", "ops"]:
+            return len(parts) > 2 and parts[2] in ("aten", "prims", "quantized", "_caffe2")
+        if len(parts) >= 3 and parts[1] == "nn" and parts[2] not in ("functional", "init"):
+            return parts[-1] not in _NN_CONTAINERS  # instantiating/running an nn module class inside forward
+        if len(parts) >= 3 and parts[1] == "nn" and parts[2] == "init":
+            return False
+        if len(parts) >= 3 and parts[1] in ("Tensor", "_C"):
+            return parts[-1] in _TENSOR_COMPUTE_METHODS or parts[1] == "_C"
+        return parts[-1] not in _TORCH_ALLOWED_CALLS
+
+    def _is_extension_object(self, expr: ast.expr) -> bool:
+        """True for a name bound to the result of load_inline (ext.relu(x) is the candidate's own function)."""
+        names = []
+        while isinstance(expr, ast.Attribute):  # self.kernel.matmul: "kernel" may hold the extension
+            names.append(expr.attr)
+            expr = expr.value
+        if isinstance(expr, ast.Name):
+            names.append(expr.id)
+        return bool(set(names) & self._extension_names())
+
+    def _extension_names(self) -> set[str]:
+        if not hasattr(self, "_ext_names"):
+            names = set()
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                    path = self._resolve(node.value.func) or ""
+                    if path.split(".")[-1] in ("load_inline", "load"):
+                        for t in node.targets:
+                            for n in _flatten_targets(t):
+                                if isinstance(n, ast.Name):
+                                    names.add(n.id)
+                                elif isinstance(n, ast.Attribute):
+                                    names.add(n.attr)
+            self._ext_names = names
+        return self._ext_names
+
+    # --- name resolution -----------------------------------------------------------------------------------------
+    def _resolve(self, expr: ast.expr) -> str | None:
+        """Dotted path of a Name/Attribute chain with import aliases expanded (F.relu -> torch.nn.functional.relu)."""
+        parts = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name):
+            return None
+        base = self.aliases.get(expr.id, expr.id)
+        return ".".join([base] + parts[::-1])
+
+    def _is_torch_path(self, node: ast.Attribute) -> bool:
+        path = self._resolve(node)
+        return bool(path) and path.startswith("torch.")
+
+
+def _import_aliases(tree: ast.Module) -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def _string_constants(tree: ast.AST) -> Iterable[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+
+
+def _flatten_targets(target: ast.expr) -> Iterable[ast.expr]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for elt in target.elts:
+            yield from _flatten_targets(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _flatten_targets(target.value)
+    else:
+        yield target
+
+
+def _mentions_model(expr: ast.expr) -> bool:
+    return any((isinstance(n, ast.Name) and n.id == "Model") or (isinstance(n, ast.Attribute) and n.attr == "Model")
+               for n in ast.walk(expr))
+
+
+def _expr_text(expr: ast.expr) -> str:
+    try:
+        text = ast.unparse(expr)
+    except Exception:  # ast.unparse is best effort on odd trees; the reason string only needs a hint
+        return "<expr>"
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,187 @@
+"""Output comparison and memory-safety checks used by the worker (imports torch: worker processes only).
+
+`compare_outputs` implements KernelBench's rule (|c - r| <= atol + rtol * |r|, exact shapes) made stricter where
+KernelBench is lax: dtypes must match, NaN/Inf must appear exactly where the reference has them, integer and bool
+outputs must be equal, and nested outputs (tuples/lists) must have the same structure.
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import torch
+
+# Captured before any candidate code runs (the worker imports this module first), so a candidate that replaces
+# builtins or torch functions cannot change how we compare.
+_type = builtins.type
+_isinstance = builtins.isinstance
+_Tensor = torch.Tensor
+_float_dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+POISON_BYTE = 0xFF  # freed memory is filled with it: a float made of it is a NaN, so stale buffers cannot pass
+
+
+def flatten(obj: Any) -> list:
+    """Leaves of a (possibly nested) tuple/list output, in order."""
+    if _type(obj) in (tuple, list):
+        out = []
+        for item in obj:
+            out.extend(flatten(item))
+        return out
+    return [obj]
+
+
+def structure(obj: Any) -> str:
+    """A short description of an output's structure, for messages ("tuple(Tensor[2,3] float32, int)")."""
+    if _type(obj) in (tuple, list):
+        return f"{_type(obj).__name__}({', '.join(structure(o) for o in obj)})"
+    if _isinstance(obj, _Tensor):
+        return f"Tensor[{','.join(str(s) for s in obj.shape)}] {str(obj.dtype).replace('torch.', '')}"
+    return _type(obj).__name__
+
+
+def non_plain_tensors(obj: Any) -> list[str]:
+    """Names of the output leaves that are tensor subclasses or tensor-like wrappers (`__torch_function__`)."""
+    bad = []
+    for leaf in flatten(obj):
+        t = _type(leaf)
+        if t is _Tensor:
+            continue
+        if _isinstance(leaf, _Tensor) or hasattr(t, "__torch_function__") or hasattr(t, "__torch_dispatch__"):
+            bad.append(f"{t.__module__}.{t.__qualname__}")
+    return bad
+
+
+def compare_outputs(cand: Any, ref: Any, *, atol: float, rtol: float, strict_fp32: float | None = None) -> dict:
+    """{max_abs_err, max_rel_err, mismatch_frac, passed, message} for one trial. `strict_fp32` replaces atol/rtol
+    for float32 outputs (the strict profile)."""
+    cand_leaves, ref_leaves = flatten(cand), flatten(ref)
+    result = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatch_frac": 0.0, "passed": True, "message": None}
+
+    def fail(message: str, frac: float = 1.0) -> dict:
+        result.update(passed=False, message=message, mismatch_frac=max(result["mismatch_frac"], frac))
+        return result
+
+    if len(cand_leaves) != len(ref_leaves) or (_type(cand) in (tuple, list)) != (_type(ref) in (tuple, list)):
+        return fail(f"output structure mismatch: expected {structure(ref)}, got {structure(cand)}")
+    total_elems, bad_elems = 0, 0
+    for i, (c, r) in enumerate(zip(cand_leaves, ref_leaves)):
+        where = f"output {i}: " if len(ref_leaves) > 1 else ""
+        if not _isinstance(r, _Tensor):
+            if not _same_scalar(c, r):
+                return fail(f"{where}expected {r!r}, got {structure(c)}")
+            continue
+        if _type(c) is not _Tensor:
+            return fail(f"{where}expected a torch.Tensor, got {_type(c).__module__}.{_type(c).__qualname__}")
+        if tuple(c.shape) != tuple(r.shape):
+            return fail(f"{where}shape mismatch: expected {list(r.shape)}, got {list(c.shape)}")
+        if c.dtype != r.dtype:
+            return fail(f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}")
+        if c.device != r.device:
+            return fail(f"{where}device mismatch: expected {r.device}, got {c.device}")
+        stats = _compare_tensor(c, r, atol=strict_fp32 if strict_fp32 and r.dtype == torch.float32 else atol,
+                                rtol=strict_fp32 if strict_fp32 and r.dtype == torch.float32 else rtol)
+        result["max_abs_err"] = max(result["max_abs_err"], stats["max_abs_err"])
+        result["max_rel_err"] = max(result["max_rel_err"], stats["max_rel_err"])
+        total_elems += r.numel()
+        bad_elems += stats["bad"]
+        if stats["bad"] and result["message"] is None:
+            result["message"] = where + stats["message"]
+    result["mismatch_frac"] = bad_elems / total_elems if total_elems else 0.0
+    result["passed"] = bad_elems == 0 and result["message"] is None
+    return result
+
+
+def _compare_tensor(c: torch.Tensor, r: torch.Tensor, *, atol: float, rtol: float) -> dict:
+    if r.numel() == 0:
+        return {"max_abs_err": 0.0, "max_rel_err": 0.0, "bad": 0, "message": ""}
+    if r.dtype in _float_dtypes or r.is_complex():
+        work = torch.float64 if r.dtype == torch.float64 else torch.float32
+        if r.is_complex():
+            c, r = torch.view_as_real(c), torch.view_as_real(r)
+        cf, rf = c.to(work), r.to(work)
+        finite_r, finite_c = torch.isfinite(rf), torch.isfinite(cf)
+        # Non-finite values must match the reference exactly: NaN where NaN, the same infinity where infinity.
+        nonfinite_bad = (finite_r != finite_c) | (~finite_r & ~(torch.isnan(rf) & torch.isnan(cf)) & (cf != rf))
+        both = finite_r & finite_c
+        diff = torch.where(both, (cf - rf).abs(), torch.zeros_like(rf))
+        bad = (both & (diff > atol + rtol * rf.abs())) | nonfinite_bad
+        rel = diff / rf.abs().clamp_min(1e-6)
+        n_bad = int(bad.sum().item())
+        max_abs = float(diff.max().item())
+        max_rel = float(rel.max().item())
+        message = ""
+        if n_bad:
+            n_nonfinite = int(nonfinite_bad.sum().item())
+            message = (f"{n_bad} of {r.numel()} elements differ (max abs err {max_abs:.3g}, max rel err "
+                       f"{max_rel:.3g}, atol={atol:g}, rtol={rtol:g})")
+            if n_nonfinite:
+                message += f"; {n_nonfinite} NaN/Inf where the reference has none (or the reverse)"
+        return {"max_abs_err": max_abs, "max_rel_err": max_rel, "bad": n_bad, "message": message}
+    bad = c != r
+    n_bad = int(bad.sum().item())
+    diff = (c.to(torch.float64) - r.to(torch.float64)).abs() if r.dtype != torch.bool else bad.to(torch.float64)
+    max_abs = float(diff.max().item())
+    return {"max_abs_err": max_abs, "max_rel_err": float((diff / r.to(torch.float64).abs().clamp_min(1)).max()),
+            "bad": n_bad, "message": f"{n_bad} of {r.numel()} {str(r.dtype).replace('torch.', '')} elements differ"
+            if n_bad else ""}
+
+
+def _same_scalar(c: Any, r: Any) -> bool:
+    if _isinstance(c, _Tensor):
+        return False
+    try:
+        return bool(c == r) or (c != c and r != r)
+    except Exception:  # candidate-made objects may refuse comparison: that is a mismatch, not a crash
+        return False
+
+
+def bitwise_equal(a: Any, b: Any) -> bool:
+    """Exact equality of two outputs/input lists, bit for bit (NaNs included)."""
+    la, lb = flatten(a), flatten(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if _isinstance(x, _Tensor) != _isinstance(y, _Tensor):
+            return False
+        if not _isinstance(x, _Tensor):
+            if not _same_scalar(x, y):
+                return False
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if x.numel() and not torch.equal(_bytes(x), _bytes(y)):
+            return False
+    return True
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    """[start, end) byte range of the memory a tensor's storage owns."""
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def overlaps(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
+    a0, a1 = storage_span(t)
+    if a1 == a0:
+        return False
+    for o in others:
+        b0, b1 = storage_span(o)
+        if b1 > b0 and a0 < b1 and b0 < a1 and o.device == t.device:
+            return True
+    return False
+
+
+def poison_fraction(t: torch.Tensor) -> float:
+    """Fraction of a float tensor's elements whose bytes are all POISON_BYTE: memory the candidate never wrote."""
+    if t.dtype not in _float_dtypes or t.numel() == 0:
+        return 0.0
+    raw = _bytes(t).view(-1, t.element_size())
+    return float((raw == POISON_BYTE).all(dim=1).to(torch.float32).mean().item())
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    return [x for x in flatten(obj) if _isinstance(x, _Tensor)]

@@ -1,0 +1,406 @@
+"""Dynamic reward-hack checks (worker processes only; imports torch).
+
+- `ForwardTrace`: runs one forward call under a TorchDispatchMode (every ATen op, and whether it came from Python or
+  from inside the candidate's compiled extension, told apart with a profile hook on the extension's functions) and a
+  Python profile hook that notices the reference task's own code running.
+- `KernelTrace`: the CUDA kernels a call launched (torch.profiler / CUPTI): names, streams, end times.
+- `IdentitySnapshot`: identities of torch/time/builtins functions, global numeric flags and the task's namespace,
+  taken before the candidate is imported; `changed()` lists what the candidate replaced.
+- `ThreadWatch`: Python threads and native threads (/proc/self/task) that appeared after a baseline.
+- `poison_free_memory`: fills the CUDA caching allocator's free blocks with 0xFF (NaN for floats) so that a
+  candidate returning memory it never wrote (e.g. the reference's freed output) cannot pass.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import os
+import sys
+import threading
+import time
+import types
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cuda_eval.compare import POISON_BYTE
+
+_cuda_synchronize = torch.cuda.synchronize  # captured before candidate code can replace it
+TASK_FILENAME = "<kernelbench-task>"
+CANDIDATE_FILENAME = "<candidate>"
+
+# ATen ops that allocate, view, move or describe memory: never "compute". Names are overload packets without a
+# trailing "_" (in-place) suffix.
+ALLOC_VIEW_OPS = frozenset("""
+    empty empty_like empty_strided empty_permuted new_empty new_empty_strided zeros zeros_like ones ones_like full
+    full_like new_zeros new_ones new_full scalar_tensor arange fill zero resize set copy clone contiguous _to_copy
+    to lift_fresh lift_fresh_copy detach alias view _unsafe_view reshape _reshape_alias as_strided expand permute
+    transpose t squeeze unsqueeze select slice narrow flatten unflatten split split_with_sizes chunk unbind
+    view_as_real view_as_complex sym_size sym_stride sym_numel sym_storage_offset is_contiguous _local_scalar_dense
+    item dim size stride numel is_same_size record_stream _has_compatible_shallow_copy_type expand_as view_as
+    reshape_as unsafe_split unsafe_chunk _unsafe_index as_strided_scatter is_nonzero is_pinned pin_memory
+    _pin_memory set_data detach_copy alias_copy resolve_conj resolve_neg conj _conj _neg_view
+""".split())
+# Library GEMM / convolution / attention / recurrent ops: the heavy work of most tasks.
+HEAVY_OPS = frozenset("""
+    mm addmm bmm baddbmm addbmm matmul linear _addmm_activation addmv mv dot vdot einsum _int_mm _scaled_mm
+    convolution _convolution cudnn_convolution cudnn_convolution_transpose convolution_overrideable conv1d conv2d
+    conv3d conv_transpose1d conv_transpose2d conv_transpose3d mkldnn_convolution miopen_convolution
+    slow_conv2d_forward slow_conv3d_forward slow_conv_transpose2d slow_conv_transpose3d slow_conv_dilated2d
+    slow_conv_dilated3d _slow_conv2d_forward thnn_conv2d _nnpack_spatial_convolution
+    _scaled_dot_product_attention_math scaled_dot_product_attention _scaled_dot_product_flash_attention
+    _scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention _flash_attention_forward
+    _efficient_attention_forward _cudnn_rnn lstm gru rnn_tanh rnn_relu _thnn_fused_lstm_cell cudnn_batch_norm
+    native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_no_training native_layer_norm
+    native_group_norm _fused_rms_norm
+""".split())
+
+
+def op_name(func) -> str:
+    """'aten::relu_.default' -> 'relu' (overload packet, in-place suffix dropped)."""
+    name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or str(func).split(".")[-2]
+    name = name.split("::")[-1]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def is_compute(name: str) -> bool:
+    return name not in ALLOC_VIEW_OPS
+
+
+# Operator namespaces that belong to PyTorch; an op from any other namespace was registered by the candidate's
+# extension (TORCH_LIBRARY) and counts as the candidate's own code.
+TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "quantized", "_quantized", "_c10d_functional", "c10d",
+                              "profiler", "cuda", "mkldnn", "inductor", "higher_order"})
+
+
+@dataclasses.dataclass
+class OpRecord:
+    name: str
+    from_extension: bool   # called from inside the candidate's compiled extension (C++ wrapper), not from Python
+    host_transfer: bool    # moved data between a CUDA device and the host
+    custom: bool = False   # an op the candidate registered itself (torch.ops.<its namespace>.<op>)
+
+
+class _OpRecorder(TorchDispatchMode):
+    def __init__(self, inside_extension: Callable[[], bool]):
+        super().__init__()
+        self.records: list[OpRecord] = []
+        self._inside_extension = inside_extension
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = op_name(func)
+        if getattr(func, "namespace", "aten") not in TORCH_NAMESPACES:
+            self.records.append(OpRecord(name, True, False, custom=True))
+            return func(*args, **kwargs)
+        transfer = False
+        if name in ("_to_copy", "copy", "to"):
+            devices = {a.device.type for a in _tensors(args) + _tensors(list(kwargs.values()))}
+            target = kwargs.get("device")
+            if target is not None:
+                devices.add(torch.device(target).type)
+            transfer = "cpu" in devices and len(devices) > 1
+        self.records.append(OpRecord(name, self._inside_extension(), transfer))
+        return func(*args, **kwargs)
+
+
+def _tensors(items: Iterable) -> list[torch.Tensor]:
+    out = []
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            out.extend(_tensors(x))
+    return out
+
+
+class ForwardTrace:
+    """Context manager tracing one forward call: ATen ops (Python side vs. extension side), calls into the
+    candidate's extension functions, and any execution of the reference task's code."""
+
+    def __init__(self, extension_functions: Iterable[Any]):
+        self._ext_ids = {id(f) for f in extension_functions}
+        self._keep = list(extension_functions)  # keep the ids valid
+        self._depth = 0
+        self.extension_calls = 0
+        self.task_code_calls: set[str] = set()
+        self.recorder = _OpRecorder(lambda: self._depth > 0)
+        self._previous_profiler = None
+
+    def _profile(self, frame, event, arg):
+        if event == "c_call" and id(arg) in self._ext_ids:
+            self._depth += 1
+            self.extension_calls += 1
+        elif event in ("c_return", "c_exception") and id(arg) in self._ext_ids:
+            self._depth = max(0, self._depth - 1)
+        elif event == "call" and frame.f_code.co_filename == TASK_FILENAME:
+            self.task_code_calls.add(frame.f_code.co_name)
+
+    def __enter__(self):
+        self._previous_profiler = sys.getprofile()
+        self.recorder.__enter__()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._previous_profiler)
+        self.recorder.__exit__(*exc)
+        return False
+
+    # --- summaries ---
+    def python_compute_ops(self) -> list[str]:
+        return _unique(r.name for r in self.recorder.records
+                       if not r.from_extension and not r.custom and is_compute(r.name))
+
+    def compute_ops(self) -> list[str]:
+        return _unique(r.name for r in self.recorder.records if not r.custom and is_compute(r.name))
+
+    def custom_op_calls(self) -> int:
+        return sum(r.custom for r in self.recorder.records)
+
+    def heavy_ops(self) -> list[str]:
+        return _unique(r.name for r in self.recorder.records if r.name in HEAVY_OPS)
+
+    def host_transfers(self) -> int:
+        return sum(r.host_transfer for r in self.recorder.records)
+
+
+def reference_compute_ops(call: Callable[[], Any]) -> list[str]:
+    """Compute ops the reference runs (traced once, no attribution needed)."""
+    recorder = _OpRecorder(lambda: False)
+    with recorder:
+        call()
+    return _unique(r.name for r in recorder.records if is_compute(r.name))
+
+
+def _unique(names: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for n in names:
+        seen.setdefault(n, None)
+    return list(seen)
+
+
+def extension_functions(so_paths: Iterable[str]) -> list[Any]:
+    """Callables of every loaded extension module whose file is one of `so_paths` (the candidate's builds)."""
+    wanted = {os.path.realpath(p) for p in so_paths}
+    found = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(module, types.ModuleType) and path and os.path.realpath(path) in wanted:
+            found.extend(v for v in vars(module).values() if callable(v) and not isinstance(v, type))
+    return found
+
+
+# --- CUDA kernel trace ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class KernelRecord:
+    name: str
+    stream: int
+    end_us: float
+
+
+class KernelTrace:
+    """The CUDA kernels launched while the block runs, with the end time of a marker range so that kernels still
+    running after `mark_returned()` (work left on another stream) can be found."""
+
+    def __init__(self):
+        self.kernels: list[KernelRecord] = []
+        self.returned_us: float | None = None
+        self._prof = None
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=False)
+        self._prof.__enter__()
+        return self
+
+    def mark_returned(self):
+        """Call right after forward returned and the *current* stream was synchronised."""
+        from torch.profiler import record_function
+        with record_function("cuda_eval::returned"):
+            pass
+
+    def __exit__(self, *exc):
+        _cuda_synchronize()
+        self._prof.__exit__(*exc)
+        for ev in self._prof.events():
+            if ev.name == "cuda_eval::returned" and self.returned_us is None:
+                self.returned_us = float(ev.time_range.start)
+            elif _is_kernel_event(ev):
+                self.kernels.append(KernelRecord(ev.name, int(getattr(ev, "device_resource_id", 0) or 0),
+                                                 float(ev.time_range.end)))
+        return False
+
+    def matching(self, kernel_names: Iterable[str]) -> list[KernelRecord]:
+        names = [n for n in kernel_names if n]
+        return [k for k in self.kernels if any(_mentions(k.name, n) for n in names)]
+
+    def late_kernels(self, slack_us: float) -> list[KernelRecord]:
+        if self.returned_us is None:
+            return []
+        return [k for k in self.kernels if k.end_us > self.returned_us + slack_us]
+
+
+def _is_kernel_event(ev) -> bool:
+    device_type = getattr(ev, "device_type", None)
+    return device_type is not None and "CUDA" in str(device_type) and not ev.name.startswith(("Memcpy", "Memset",
+                                                                                                "cuda"))
+
+
+def _mentions(kernel_name: str, ident: str) -> bool:
+    """True if `ident` appears in a (demangled) kernel name as a whole identifier."""
+    start = 0
+    while True:
+        i = kernel_name.find(ident, start)
+        if i < 0:
+            return False
+        before = kernel_name[i - 1] if i > 0 else " "
+        after = kernel_name[i + len(ident)] if i + len(ident) < len(kernel_name) else " "
+        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
+            return True
+        start = i + 1
+
+
+# --- identity snapshot (monkeypatching) ---------------------------------------------------------------------
+def _global_flags() -> dict[str, Any]:
+    flags = {
+        "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "torch.backends.cudnn.enabled": torch.backends.cudnn.enabled,
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+        "torch.get_default_dtype()": torch.get_default_dtype(),
+        "torch.is_grad_enabled()": torch.is_grad_enabled(),
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
+    }
+    try:
+        flags["torch.backends.cuda.matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        flags["torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"] = \
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    except (AttributeError, RuntimeError):  # older/newer torch without these knobs
+        pass
+    return flags
+
+
+class IdentitySnapshot:
+    """Which object every watched name refers to. Public module attributes, whole class dictionaries (dunder
+    methods included) and global numerical flags are watched."""
+
+    def __init__(self, modules: Iterable[types.ModuleType], classes: Iterable[type],
+                 namespaces: dict[str, dict] | None = None):
+        self._modules = list(modules)
+        self._classes = list(classes)
+        self._namespaces = dict(namespaces or {})
+        self._entries = self._collect()
+        self._flags = _global_flags()
+
+    def _collect(self) -> dict[str, Any]:
+        entries: dict[str, Any] = {}
+        for m in self._modules:
+            for k, v in list(vars(m).items()):
+                if not k.startswith("_") or k in ("__import__", "__build_class__"):
+                    entries[f"{m.__name__}.{k}"] = v
+        for c in self._classes:
+            for k, v in list(vars(c).items()):
+                if k not in ("__doc__", "__weakref__", "__dict__", "__annotations__", "_abc_impl"):
+                    entries[f"{c.__module__}.{c.__qualname__}.{k}"] = v
+        for label, ns in self._namespaces.items():
+            for k, v in list(ns.items()):
+                if not k.startswith("__"):
+                    entries[f"{label}.{k}"] = v
+        return entries
+
+    def changed(self) -> list[str]:
+        now = self._collect()
+        out = [k for k, v in self._entries.items() if k not in now or now[k] is not v]
+        flags_now = _global_flags()
+        out += [f"{k} ({self._flags[k]!r} -> {flags_now.get(k)!r})" for k in self._flags
+                if flags_now.get(k) != self._flags[k]]
+        return out
+
+
+def default_watch_modules() -> list[types.ModuleType]:
+    import gc
+    import torch.nn.functional as F
+    import torch.testing
+    mods = [torch, torch.cuda, F, torch.testing, torch.autograd, torch.random, time, builtins, gc, threading,
+            torch.nn.init, torch.linalg, torch.fft, torch.special]
+    for name in ("cuda_eval._native", "cuda_eval.compare", "cuda_eval.dynamic_checks", "cuda_eval.timing",
+                 "cuda_eval.worker"):
+        if name in sys.modules:
+            mods.append(sys.modules[name])
+    return mods
+
+
+def default_watch_classes() -> list[type]:
+    return [torch.Tensor, torch.nn.Module, torch.cuda.Event, torch.cuda.Stream, torch.nn.Parameter,
+            torch.autograd.Function, threading.Thread]
+
+
+# --- threads ----------------------------------------------------------------------------------------------------
+def native_thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+class ThreadWatch:
+    """Threads that appeared after the baseline. Python threads are also caught when they already ended: every
+    thread started through `threading` reports itself on its first Python event (threading.setprofile), so a
+    candidate cannot hide work in a short-lived thread."""
+
+    def __init__(self):
+        self.started: list[str] = []
+        self.reset()
+        threading.setprofile(self._on_thread_start)
+
+    def _on_thread_start(self, frame, event, arg):
+        sys.setprofile(None)  # once per thread: no overhead afterwards
+        self.started.append(threading.current_thread().name)
+
+    def stop_recording(self) -> None:
+        threading.setprofile(None)
+
+    def reset(self):
+        self._python = {t.ident for t in threading.enumerate()}
+        self._native = native_thread_ids()
+
+    def new_python_threads(self) -> list[str]:
+        alive = [f"{t.name} ({type(t).__name__})" for t in threading.enumerate()
+                 if t.ident not in self._python and t.is_alive()]
+        return alive or [f"{name} (finished)" for name in dict.fromkeys(self.started)]
+
+    def new_native_threads(self) -> list[int]:
+        return sorted(native_thread_ids() - self._native)
+
+
+# --- freed-memory poisoning -------------------------------------------------------------------------------------
+def poison_free_memory(device_type: str, recent_sizes: Iterable[int] = ()) -> int:
+    """Fill memory the allocator will hand out next with POISON_BYTE. CUDA: every inactive block of the caching
+    allocator (from its snapshot). CPU: blocks of the sizes just freed (glibc reuses them first). Returns bytes."""
+    held, total = [], 0
+    if device_type == "cuda":
+        sizes = []
+        for segment in torch.cuda.memory_snapshot():
+            for block in segment.get("blocks", []):
+                if block.get("state") == "inactive":
+                    sizes.append(int(block["size"]))
+        for size in sorted(sizes, reverse=True):
+            try:
+                t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError:
+                break
+            t.fill_(POISON_BYTE)
+            held.append(t)
+            total += size
+        _cuda_synchronize()
+    else:
+        for size in recent_sizes:
+            t = torch.empty(int(size), dtype=torch.uint8)
+            t.fill_(POISON_BYTE)
+            held.append(t)
+            total += int(size)
+    del held
+    return total

@@ -1,0 +1,170 @@
+"""Test-time beam search over refinement turns, as in the Kevin-32B blog: run N trajectories per task; after every
+block of turns keep the `beam_width` whose fastest correct kernel so far is fastest, copy each N / beam_width times,
+and continue refining from the copies (sampling makes them diverge). Same kernel budget as N parallel trajectories
+x T turns; the best kernel of the search is the best of the final beams (the best trajectory is always kept).
+
+The rounds are the environment's (kevin_jax.env.episode.EpisodeRunner): same prompts, parse, one policy call and one
+evaluator call per round for every live trajectory, same scores. Ranking uses the evaluation's own definitions
+(metrics.kernel_outcome): a trajectory with a correct (compile-only: compiled) kernel beats one without; among
+those, the faster best kernel wins; ties are broken by a seeded random order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from cuda_eval.api import EvalRequest
+from kevin_jax.env.episode import EpisodeRunner, RoundStats, Trajectory, Turn, assign_returns, round_seed, turn_score
+from kevin_jax.env.parse import parse_response
+from kevin_jax.env.prompts import Attempt, PromptTooLongError
+from kevin_jax.evaluation.metrics import kernel_outcome
+from kevin_jax.tasks.kernelbench import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamConfig:
+    """beam_width: trajectories kept per task at each pruning (must divide env.num_trajectories).
+    block_turns: turns between prunings (Kevin's blog: prune after every block of refinement turns)."""
+    beam_width: int
+    block_turns: int = 1
+
+    def check(self, num_trajectories: int, num_turns: int) -> None:
+        if self.beam_width < 1 or self.block_turns < 1:
+            raise ValueError(f"beam_width and block_turns must be >= 1, got {self.beam_width}, {self.block_turns}")
+        if num_trajectories % self.beam_width:
+            raise ValueError(f"beam_width={self.beam_width} must divide the trajectories per task "
+                             f"({num_trajectories}): each kept trajectory is copied the same number of times")
+        if self.block_turns >= num_turns:
+            log.warning("beam search with block_turns=%d >= num_turns=%d never prunes: plain parallel sampling",
+                        self.block_turns, num_turns)
+
+
+@dataclasses.dataclass
+class _Beam:
+    traj: Trajectory
+    task: Task
+    attempts: list[Attempt]
+    origin: int                 # index of the first-round trajectory this one descends from
+    stopped: bool = False       # its history no longer fits the prompt budget
+
+    def clone(self, index: int) -> "_Beam":
+        copy = Trajectory.from_dict(self.traj.to_dict())
+        copy.traj_index = index
+        return _Beam(copy, self.task, list(self.attempts), self.origin, self.stopped)
+
+
+@dataclasses.dataclass
+class BeamResult:
+    trajectories: list[Trajectory]   # the final beams: N per task, each with its whole history
+    pruned: list[Trajectory]         # every trajectory dropped at a pruning, as it was then
+    selections: list[dict]           # per task and pruning: which were kept, with their rank keys
+    rounds: list[RoundStats]
+
+
+class BeamSearch:
+    def __init__(self, runner: EpisodeRunner, config: BeamConfig, mode: str = "full"):
+        config.check(runner.env.num_trajectories, runner.env.num_turns)
+        if runner.env.early_stop != "never":
+            raise ValueError("beam search runs every trajectory for every turn: set env.early_stop='never'")
+        self.runner = runner
+        self.config = config
+        self.mode = mode
+
+    def rank_key(self, beam: _Beam) -> tuple[bool, float]:
+        outcomes = [kernel_outcome(t.parsed, t.verdict, self.mode) for t in beam.traj.turns]
+        oks = [o for o in outcomes if o.ok]
+        return bool(oks), max((o.speedups.get("eager") or 0.0 for o in oks), default=0.0)
+
+    def run(self, tasks: Sequence[Task], step: int = 0, seed: int = 0) -> BeamResult:
+        if not tasks:
+            raise ValueError("no tasks to run")
+        r, env = self.runner, self.runner.env
+        first = {t.task_id: r.renderer.first_turn(t.source) for t in tasks}
+        beams = {t.task_id: [_Beam(Trajectory(t.task_id, j, step, seed), t, [], j)
+                             for j in range(env.num_trajectories)] for t in tasks}
+        pruned: list[Trajectory] = []
+        selections: list[dict] = []
+        rounds: list[RoundStats] = []
+        for round_index in range(env.num_turns):
+            t0 = time.perf_counter()
+            live, prompts = [], []
+            for task in tasks:
+                for beam in beams[task.task_id]:
+                    if beam.stopped:
+                        continue
+                    try:
+                        prompts.append(first[task.task_id] if round_index == 0 else
+                                       r.renderer.refinement(task.source, beam.attempts))
+                        live.append(beam)
+                    except PromptTooLongError as e:
+                        beam.stopped = True
+                        log.warning("beam %s #%d stops before turn %d: %s", task.task_id, beam.traj.traj_index,
+                                    round_index, e)
+            if not live:
+                break
+            t1 = time.perf_counter()
+            generations = r.policy.generate([p.token_ids for p in prompts], env.max_response_tokens,
+                                            round_seed(seed, step, round_index))
+            if len(generations) != len(prompts):
+                raise RuntimeError(f"policy.generate returned {len(generations)} results for {len(prompts)} prompts")
+            t2 = time.perf_counter()
+            texts = [r.decode(g.tokens) for g in generations]
+            parsed = [parse_response(text, r.renderer.opens_thought, env.max_summary_chars) for text in texts]
+            requests = [EvalRequest(task_id=b.task.task_id, task_source=b.task.source, response=p.answer,
+                                    request_id=f"beam/step{step}/{b.task.task_id}/traj{b.traj.traj_index}/"
+                                               f"turn{round_index}") for b, p in zip(live, parsed)]
+            verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in r.evaluator.evaluate(requests)]
+            if len(verdicts) != len(requests):
+                raise RuntimeError(f"the evaluator returned {len(verdicts)} results for {len(requests)} requests")
+            t3 = time.perf_counter()
+            for beam, prompt, gen, text, p, verdict in zip(live, prompts, generations, texts, parsed, verdicts):
+                turn = Turn(round_index, list(prompt.token_ids), list(gen.tokens), [float(x) for x in gen.logprobs],
+                            gen.stop_reason, text, p.to_dict(), verdict)
+                turn.score = turn_score(turn.parsed, verdict, r.reward)
+                beam.traj.turns.append(turn)
+                beam.attempts.append(Attempt(p.code, p.summary, str(verdict.get("feedback") or "")))
+            done = round_index + 1
+            if done % self.config.block_turns == 0 and done < env.num_turns:
+                rng = np.random.default_rng(round_seed(seed, step, 1000 + round_index))
+                for task in tasks:
+                    beams[task.task_id], dropped, record = self._prune(beams[task.task_id], rng)
+                    pruned += dropped
+                    selections.append({"task_id": task.task_id, "after_turns": done, **record})
+            t4 = time.perf_counter()
+            rounds.append(RoundStats(round_index, len(live), float(np.mean([len(p.token_ids) for p in prompts])),
+                                     float(np.mean([len(g.tokens) for g in generations])), t1 - t0, t2 - t1, t3 - t2,
+                                     t4 - t0))
+            log.info("beam round %d: %d live, generate %.1fs, evaluate %.1fs", round_index, len(live), t2 - t1,
+                     t3 - t2)
+        final = [b.traj for task in tasks for b in beams[task.task_id]]
+        assign_returns(final, r.reward)
+        return BeamResult(final, pruned, selections, rounds)
+
+    def _prune(self, group: list[_Beam], rng: np.random.Generator) -> tuple[list[_Beam], list[Trajectory], dict]:
+        order = rng.permutation(len(group))          # random tie-break
+        keys = [self.rank_key(b) for b in group]
+        ranked = sorted(order, key=lambda i: keys[i], reverse=True)   # stable: ties keep the random order
+        keep = ranked[:self.config.beam_width]
+        copies = len(group) // self.config.beam_width
+        new = [group[i].clone(c * self.config.beam_width + rank) for c in range(copies)
+               for rank, i in enumerate(keep)]
+        dropped = [group[i].traj for i in ranked[self.config.beam_width:]]
+        record = {"kept": [{"traj_index": int(group[i].traj.traj_index), "origin": group[i].origin,
+                            "has_correct": keys[i][0], "best_speedup": keys[i][1]} for i in keep],
+                  "copies": copies}
+        return new, dropped, record
+
+
+def beam_summary(result: BeamResult) -> dict[str, Any]:
+    """How the search went: prunings, and which first-round trajectories the final beams descend from, per task."""
+    survivors = {}
+    for sel in result.selections:   # in order: the last pruning of each task wins
+        survivors[sel["task_id"]] = sorted({k["origin"] for k in sel["kept"]})
+    return {"prunings": len(result.selections), "pruned_trajectories": len(result.pruned),
+            "surviving_origins": survivors}

@@ -1,0 +1,229 @@
+"""The paged KV cache on device: pool layout, writes, and attention over pages (Pallas on GPU, pure JAX anywhere).
+
+Layout. One pool per K and V, shaped [kv_heads, num_layers * pages_per_layer, page_size, head_dim]: layer l's page p
+lives at row l * pages_per_layer + p. This is the layout of jax.experimental.pallas.ops.gpu.paged_attention, so the
+whole pool goes to the kernel unchanged (no per-layer slice is ever copied) and a layer is picked by offsetting the
+page table. Page 0 of every layer is scratch: empty slots and padding tokens write there and nothing reads it as data.
+
+Why the pool is threaded through the layer loop as one carried buffer (not a per-layer scanned slice): a scan's
+per-layer outputs are a new stacked array, i.e. a copy of the whole cache on every decode step. As a carry, the
+per-token writes are in-place scatters.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kevin_jax.model.shapes import Qwen2Config
+
+
+# Finite, so that a query row whose keys are all masked gives no NaN.
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+# Pages per block of the pure-JAX attention loop; page tables are padded to a multiple of it.
+_TABLE_MULTIPLE = 16
+
+
+class KVPool(NamedTuple):
+    k: jax.Array   # [kv_heads, num_layers * pages_per_layer, page_size, head_dim]
+    v: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolGeometry:
+    """Static shape facts of the pool and page tables."""
+    num_layers: int
+    pages_per_layer: int        # including the scratch page 0
+    page_size: int
+    kv_heads: int
+    q_heads: int
+    head_dim: int
+    table_width: int            # page-table columns per sequence (max_seq_len rounded up to whole blocks)
+
+    def bytes_per_token(self, dtype) -> int:
+        """K + V bytes one token occupies across all layers."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * jnp.dtype(dtype).itemsize
+
+    def pool_bytes(self, dtype) -> int:
+        return self.bytes_per_token(dtype) * self.pages_per_layer * self.page_size
+
+
+def table_width_for(max_seq_len: int, page_size: int) -> int:
+    pages = -(-max_seq_len // page_size)
+    return -(-pages // _TABLE_MULTIPLE) * _TABLE_MULTIPLE
+
+
+def make_geometry(model: Qwen2Config, *, pages_per_layer: int, page_size: int, max_seq_len: int) -> PoolGeometry:
+    return PoolGeometry(num_layers=model.num_hidden_layers, pages_per_layer=pages_per_layer, page_size=page_size,
+                        kv_heads=model.num_key_value_heads, q_heads=model.num_attention_heads,
+                        head_dim=model.head_dim, table_width=table_width_for(max_seq_len, page_size))
+
+
+def pool_shape(geometry: PoolGeometry) -> tuple[int, int, int, int]:
+    g = geometry
+    return (g.kv_heads, g.num_layers * g.pages_per_layer, g.page_size, g.head_dim)
+
+
+def init_pool(geometry: PoolGeometry, dtype, sharding=None) -> KVPool:
+    """A zeroed pool, created directly with its sharding (zeros: scratch reads must stay finite)."""
+    shape = pool_shape(geometry)
+
+    @functools.partial(jax.jit, out_shardings=None if sharding is None else (sharding, sharding))
+    def create():
+        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+    return KVPool(*create())
+
+
+def write_kv(pool: KVPool, layer: jax.Array, k: jax.Array, v: jax.Array, pages: jax.Array,
+             offsets: jax.Array, geometry: PoolGeometry) -> KVPool:
+    """Stores k, v [B, T, Hkv, D] at (pages[b, t], offsets[b, t]) of `layer` (an in-place scatter in a carry)."""
+    rows = layer * geometry.pages_per_layer + pages                             # [B, T]
+    new_k = pool.k.at[:, rows, offsets].set(jnp.moveaxis(k, 2, 0).astype(pool.k.dtype))
+    new_v = pool.v.at[:, rows, offsets].set(jnp.moveaxis(v, 2, 0).astype(pool.v.dtype))
+    return KVPool(new_k, new_v)
+
+
+def paged_attention_xla(q: jax.Array, pool: KVPool, layer: jax.Array, tables: jax.Array, q_positions: jax.Array,
+                        kv_lengths: jax.Array, geometry: PoolGeometry, *, precision=None) -> jax.Array:
+    """Causal attention of q [B, T, Hq, D] (absolute positions q_positions [B, T]) over each row's pages.
+
+    Keys are the first kv_lengths[b] tokens of row b's pages (tables [B, W], layer-0 page ids); query t sees key j
+    iff j <= q_positions[b, t]. Online softmax over blocks of _TABLE_MULTIPLE pages, looping only up to the longest
+    row's length: memory O(B * T * block), and decode reads pages up to the longest live sequence (not the table).
+    """
+    batch, length, q_heads, head_dim = q.shape
+    kv_heads, page = geometry.kv_heads, geometry.page_size
+    groups = q_heads // kv_heads
+    block_pages = _TABLE_MULTIPLE
+    block = block_pages * page
+    scale = head_dim ** -0.5
+    qg = q.reshape(batch, length, kv_heads, groups, head_dim)
+    layer_rows = layer * geometry.pages_per_layer
+    num_blocks = (jnp.max(kv_lengths) + block - 1) // block
+
+    def body(j, carry):
+        out, row_max, row_sum = carry
+        cols = jax.lax.dynamic_slice_in_dim(tables, j * block_pages, block_pages, axis=1) + layer_rows
+        k = pool.k[:, cols].reshape(kv_heads, batch, block, head_dim)           # [Hkv, B, S, D]
+        v = pool.v[:, cols].reshape(kv_heads, batch, block, head_dim)
+        logits = jnp.einsum("btkgd,kbsd->bkgts", qg, k.astype(q.dtype), precision=precision,
+                            preferred_element_type=jnp.float32) * scale
+        key_pos = j * block + jnp.arange(block, dtype=jnp.int32)
+        visible = (key_pos[None, None, :] <= q_positions[:, :, None]) & \
+                  (key_pos[None, None, :] < kv_lengths[:, None, None])          # [B, T, S]
+        logits = jnp.where(visible[:, None, None], logits, _MASK_VALUE)
+        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
+        correction = jnp.exp(row_max - new_max)
+        probs = jnp.exp(logits - new_max[..., None])
+        new_sum = row_sum * correction + jnp.sum(probs, axis=-1)
+        pv = jnp.einsum("bkgts,kbsd->bkgtd", probs.astype(v.dtype), v, precision=precision,
+                        preferred_element_type=jnp.float32)
+        return out * correction[..., None] + pv, new_max, new_sum
+
+    init = (jnp.zeros((batch, kv_heads, groups, length, head_dim), jnp.float32),
+            jnp.full((batch, kv_heads, groups, length), -jnp.inf, jnp.float32),
+            jnp.zeros((batch, kv_heads, groups, length), jnp.float32))
+    out, _, row_sum = jax.lax.fori_loop(0, num_blocks, body, init)
+    out = out / jnp.maximum(row_sum, 1e-30)[..., None]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(batch, length, q_heads, head_dim).astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------- Pallas (GPU)
+@dataclasses.dataclass(frozen=True)
+class PallasParams:
+    pages_per_compute_block: int
+    k_splits: int
+    interpret: bool
+
+
+def pallas_params(geometry: PoolGeometry, interpret: bool) -> PallasParams:
+    """Kernel blocking: ~128 keys per compute block; up to 16 splits of the page table run in parallel."""
+    per_block = max(1, 128 // geometry.page_size)
+    per_block = min(per_block, geometry.table_width)
+    splits = max(1, min(16, geometry.table_width // per_block))
+    while geometry.table_width % (splits * per_block):
+        splits -= 1
+    return PallasParams(pages_per_compute_block=per_block, k_splits=splits, interpret=interpret)
+
+
+def paged_decode_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer_tables: jax.Array,
+                                  lengths: jax.Array, *, params: PallasParams) -> jax.Array:
+    """One query token per row: q [B, Hq, D] over the first lengths[b] tokens of row b's pages -> [B, Hq, D].
+
+    jax.experimental.pallas.ops.gpu.paged_attention (flash-decoding over pages, GQA, per-row lengths): each program
+    reads only its row's live pages. layer_tables are page rows of the pool (layer offset already added). The kernel
+    applies no softmax scale, so q is scaled here.
+    """
+    from jax.experimental.pallas.ops.gpu import paged_attention as pallas_paged
+
+    scaled = (q.astype(jnp.float32) * q.shape[-1] ** -0.5).astype(q.dtype)
+    return pallas_paged.paged_attention(scaled, k_pool, v_pool, layer_tables, lengths.astype(jnp.int32),
+                                        block_h=16, pages_per_compute_block=params.pages_per_compute_block,
+                                        k_splits=params.k_splits, interpret=params.interpret)
+
+
+def shard_heads(fn, mesh, tensor_axis: str | None):
+    """Runs a per-head attention fn(q [B, Hq, D], k_pool, v_pool, tables, lengths) under shard_map with heads split
+    over `tensor_axis` (the kernel has no SPMD rule of its own); everything else is replicated."""
+    if mesh is None:
+        return fn
+    from jax.sharding import PartitionSpec as P
+
+    heads = P(None, tensor_axis, None)
+    pool_spec = P(tensor_axis, None, None, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(heads, pool_spec, pool_spec, P(), P()), out_specs=heads,
+                         check_vma=False)
+
+
+def pallas_available(geometry: PoolGeometry, dtype) -> tuple[bool, str]:
+    """Compiles and runs the Pallas kernel once on tiny inputs of this geometry; (ok, reason)."""
+    if jax.default_backend() != "gpu":
+        return False, f"backend is {jax.default_backend()}, not gpu"
+    probe = dataclasses.replace(geometry, num_layers=1, pages_per_layer=2)
+    params = pallas_params(probe, interpret=False)
+    try:
+        pool = init_pool(probe, dtype)
+        q = jnp.ones((1, probe.q_heads, probe.head_dim), dtype)
+        tables = jnp.ones((1, probe.table_width), jnp.int32)
+        out = jax.jit(lambda q, pool, t: paged_decode_attention_pallas(
+            q, pool.k, pool.v, t, jnp.array([3], jnp.int32), params=params))(q, pool, tables)
+        jax.block_until_ready(out)
+        if not bool(jnp.all(jnp.isfinite(out.astype(jnp.float32)))):
+            return False, "probe returned non-finite values"
+    except Exception as e:   # noqa: BLE001 - any lowering/compile failure means: use the pure-JAX path
+        return False, f"{type(e).__name__}: {str(e)[:300]}"
+    return True, "ok"
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size) if tokens > 0 else 0
+
+
+def auto_pages_per_layer(worst_case_tokens: int, page_size: int, page_bytes_per_device: int, fraction: float,
+                         device) -> int:
+    """Pages per layer: the dense worst case, or `fraction` of the device memory free now when that is smaller (GPU;
+    other platforms report no memory statistics)."""
+    worst = pages_for(worst_case_tokens, page_size) + 1
+    if fraction <= 0 or device.platform != "gpu":
+        return worst
+    stats = device.memory_stats() or {}
+    free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
+    if free <= 0:
+        return worst
+    return max(2, min(worst, int(free * fraction) // page_bytes_per_device))
+
+
+def tensor_axis_for(mesh, kv_heads: int, axis: str = "tensor") -> str | None:
+    """The mesh axis that splits KV heads (None = replicate): 'tensor' when it exists and divides kv_heads."""
+    if mesh is None or axis not in mesh.shape or mesh.shape[axis] == 1:
+        return None
+    if kv_heads % mesh.shape[axis]:
+        raise ValueError(f"mesh axis {axis}={mesh.shape[axis]} does not divide num_key_value_heads={kv_heads}: the "
+                         f"KV cache is split by heads; use a tensor axis that divides {kv_heads}")
+    return axis
+

@@ -1,0 +1,239 @@
+"""Our build of extensions (cuda_eval.build + toolchain): generated sources, flags, logs, and real small builds."""
+import os
+
+import pytest
+
+from cuda_eval import build as bd
+from cuda_eval import toolchain as tcmod
+from cuda_eval.build import BuildConfig, Builder
+from cuda_eval.candidate import ExtensionSpec, import_extension, spec_from_load_inline
+from sandbox_fixtures import run_lock, sandbox_tmp, shared_dir, toolchain  # noqa: F401 - fixtures
+
+
+# --- flags from torch ----------------------------------------------------------------------------------------------
+def test_flags_follow_torch_rules(toolchain):
+    f = toolchain.flags("myext", with_cuda=True, extra_cflags=["-O3", ""], extra_cuda_cflags=["-O3 --use_fast_math"])
+    assert "-DTORCH_EXTENSION_NAME=myext" in f["cflags"] and f["cflags"][-1] == "-O3" and "" not in f["cflags"]
+    cu = f["cuda_cflags"]
+    assert "-gencode=arch=compute_90,code=sm_90" in cu and "--use_fast_math" in cu
+    assert any(x.startswith("-std=") for x in cu)
+    assert f["ldflags"][0] == "-shared" and "-ltorch" in f["ldflags"]
+    for lib in toolchain.missing_torch_libs:
+        assert f"-l{lib}" not in f["ldflags"]
+    # A user arch flag replaces torch's -gencode; a user -std replaces torch's.
+    g = toolchain.flags("e", with_cuda=True, extra_cuda_cflags=["-arch=sm_90a", "-std=c++17"])["cuda_cflags"]
+    assert not any(x.startswith("-gencode") for x in g) and "-arch=sm_90a" in g
+    assert [x for x in g if x.startswith("-std=")] == ["-std=c++17"]
+    assert toolchain.flags("e", with_cuda=False)["cuda_cflags"] == []
+    with pytest.raises(ValueError, match="cannot parse"):
+        toolchain.flags("e", with_cuda=True, extra_cflags=["-DX='unbalanced"])
+
+
+@pytest.mark.parametrize("arch, expected", [("sm_90", "sm_90"), ("90", "sm_90"), ("9.0", "sm_90"),
+                                            ("sm_90a", "sm_90a"), ("compute_80", "sm_80"), ("8.6", "sm_86")])
+def test_normalize_arch(arch, expected):
+    assert tcmod.normalize_arch(arch) == expected
+
+
+def test_bad_arch():
+    with pytest.raises(ValueError, match="bad CUDA arch"):
+        tcmod.normalize_arch("hopper")
+
+
+# --- generated sources -------------------------------------------------------------------------------------------------
+SPEC = spec_from_load_inline(name="ext", cpp_sources=["torch::Tensor f(torch::Tensor x);"],
+                             cuda_sources=["#include <torch/extension.h>\n__global__ void k() {}\ntorch::Tensor f("
+                                           "torch::Tensor x) { return x; }\n"], functions=["f"])
+
+
+def test_main_cpp_is_what_load_inline_writes():
+    text = bd.main_cpp(SPEC, pch_include=False)
+    lines = text.splitlines()
+    assert lines[0] == "#include <torch/extension.h>"
+    assert '#line 1 "cpp_sources[0]"' in lines
+    assert 'm.def("f", torch::wrap_pybind_function(f), "f");' in lines
+    raw = bd.main_cpp(ExtensionSpec(**{**SPEC.__dict__, "with_pytorch_error_handling": False}), pch_include=False)
+    assert 'm.def("f", f, "f");' in raw
+    pch = bd.main_cpp(SPEC, pch_include=True).splitlines()
+    assert pch[:2] == [f'#include "{bd.PCH_HEADER}"', "#define TORCH_EXTENSION_NAME ext"]
+    bare = bd.main_cpp(ExtensionSpec(**{**SPEC.__dict__, "no_implicit_headers": True}), pch_include=False)
+    assert "torch/extension.h" not in bare.splitlines()[0]
+
+
+def test_cuda_cu_light_keeps_line_numbers():
+    exact, light = bd.cuda_cu(SPEC, light=False), bd.cuda_cu(SPEC, light=True)
+    assert exact.splitlines()[:3] == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+    assert len(exact.splitlines()) == len(light.splitlines())
+    assert "torch/extension.h" not in light and "torch/types.h" not in light
+    assert light.count(bd.LIGHT_HEADER) == 2
+
+
+def test_light_header_eligibility(toolchain):
+    text, why = bd.light_header_text(["auto y = torch::empty_like(x); auto z = at::zeros({3}, x.options());"],
+                                     toolchain)
+    assert why == "" and "#include <ATen/ops/empty_like.h>" in text and "#include <ATen/ops/zeros.h>" in text
+    assert "namespace torch" in text and "AT_PER_OPERATOR_HEADERS" in text
+    assert "TensorIndexing" not in text
+    assert "TensorIndexing" in bd.light_header_text(["x.index({torch::indexing::Slice()})"], toolchain)[0]
+    for src in ["PYBIND11_MODULE(m, m) {}", "py::object o;", "torch::nn::Linear l(3, 3);",
+                "#include <torch/torch.h>", "auto t = torch::from_blob(p, {3});", "TORCH_LIBRARY(ops, m) {}"]:
+        text, why = bd.light_header_text([src], toolchain)
+        assert text is None and why.startswith("uses"), src
+
+
+# --- logs --------------------------------------------------------------------------------------------------------------
+NVCC_LOG = """In file included from /work/build/cuda.cu:1:
+/work/build/cuda_sources[0](9): error: expected a ";"
+        }
+        ^
+
+/work/build/cuda_sources[0](13): error: identifier "undefined_fn" is undefined
+        auto size = a.numel(); undefined_fn(size);
+                               ^
+
+/site/torch/include/c10/util/Exception.h(12): warning #68-D: integer conversion resulted in a change of sign
+Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+
+2 errors detected in the compilation of "cuda.cu".
+"""
+
+GCC_LOG = """In file included from /site/torch/include/torch/extension.h:5,
+                 from main.cpp:1:
+cpp_sources[0]:3:1: error: 'foo' does not name a type
+    3 | foo bar;
+      | ^~~
+load_inline bindings:2:43: note: in expansion of macro
+compilation terminated.
+"""
+
+
+def test_clean_log_keeps_errors_drops_noise(toolchain):
+    log = bd.clean_log(NVCC_LOG, build_dir="/work/build", toolchain=None, max_errors=8, max_chars=4000)
+    assert log.splitlines()[0] == 'cuda_sources[0](9): error: expected a ";"'
+    assert 'identifier "undefined_fn" is undefined' in log and "undefined_fn(size)" in log
+    assert "In file included" not in log and "warning" not in log and "errors detected" not in log
+    assert "/work/build" not in log
+    g = bd.clean_log(GCC_LOG, build_dir="/x", toolchain=None, max_errors=8, max_chars=4000)
+    assert g.startswith("cpp_sources[0]:3:1: error: 'foo' does not name a type") and "note:" not in g
+
+
+def test_clean_log_limits(toolchain):
+    many = "".join(f"cuda_sources[0]({i}): error: bad {i}\n" for i in range(30))
+    log = bd.clean_log(many, build_dir="/b", toolchain=None, max_errors=3, max_chars=4000)
+    assert log.count("error: bad") == 3 and "27 more errors" in log
+    assert len(bd.clean_log(many * 50, build_dir="/b", toolchain=None, max_errors=1000, max_chars=500)) <= 500
+    assert bd.clean_log("ld: something odd happened\n", build_dir="/b", toolchain=None, max_errors=3,
+                        max_chars=100) == "ld: something odd happened"
+
+
+def test_torch_paths_are_shortened(toolchain):
+    inc = toolchain.torch_include[0]
+    log = bd.clean_log(f"{inc}/ATen/core/TensorBody.h(100): error: no instance of overloaded function\n",
+                       build_dir="/b", toolchain=toolchain, max_errors=3, max_chars=1000)
+    assert log.startswith("<torch>/ATen/core/TensorBody.h(100): error")
+
+
+# --- nvcc's dry run ---------------------------------------------------------------------------------------------------
+DRYRUN = [
+    "_NVVM_BRANCH_=nvvm", "_SPACE_= ", "CICC_PATH=/cuda/nvvm/bin", 'LIBRARIES=  "-L/cuda/lib/stubs" "-L/cuda/lib"',
+    'gcc -std=c++17 -D__CUDA_ARCH_LIST__=900 -E -x c++ -D__CUDACC__ "k.cu" -o "/t/x-5_k.cpp4.ii"',
+    'cudafe++ --c++17 --gen_c_file_name "/t/x-6_k.cudafe1.cpp" --stub_file_name "x-6_k.cudafe1.stub.c" '
+    '--gen_module_id_file --module_id_file_name "/t/x-4_k.module_id" "/t/x-5_k.cpp4.ii"',
+    'gcc -std=c++17 -D__CUDA_ARCH__=900 -D__CUDA_ARCH_LIST__=900 -E -x c++ "k.cu" -o "/t/x-7_k.cpp1.ii"',
+    '"$CICC_PATH/cicc" --c++17 -arch compute_90 --module_id_file_name "/t/x-4_k.module_id" "/t/x-7_k.cpp1.ii" '
+    '-o "/t/x-6_k.ptx"',
+    'ptxas -arch=sm_90 -m64 "/t/x-6_k.ptx" -o "/t/x-8_k.cubin"',
+    'fatbinary -64 "--image3=kind=elf,sm=90,file=/t/x-8_k.cubin" --embedded-fatbin="/t/x-3_k.fatbin.c"',
+    "rm /t/x-3_k.fatbin",
+    'gcc -std=c++17 -D__CUDA_ARCH__=900 -c -x c++ "/t/x-6_k.cudafe1.cpp" -o "k.o"',
+]
+
+
+def test_classify_dry_run():
+    plan = bd._classify(DRYRUN)
+    assert [n for n, _ in plan.host] == ["host preprocess", "cudafe++"]
+    assert [n for n, _ in plan.device] == ["device preprocess", "cicc", "ptxas", "fatbinary"]
+    assert [n for n, _ in plan.final] == ["host compile"] and plan.module_id_file == "/t/x-4_k.module_id"
+    assert "--gen_module_id_file" not in plan.host[1][1]
+    env = bd._assignments_env(plan.assignments)
+    assert env["CICC_PATH"] == "/cuda/nvvm/bin" and env["LIBRARIES"] == "-L/cuda/lib/stubs -L/cuda/lib"
+
+
+def test_unknown_dry_run_falls_back():
+    assert bd._classify(DRYRUN + ["nvlink --arch=sm_90 a.o -o b.o"]) is None
+    assert bd._classify([c for c in DRYRUN if not c.startswith("cudafe++")]) is None
+
+
+# --- real builds (small: no torch headers) ---------------------------------------------------------------------------
+TINY_CPP = ("#include <pybind11/pybind11.h>\n"
+            "int plus_one(int n);\n"
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"plus_one\", &plus_one); }\n")
+TINY_CU = ("#include <cuda_runtime.h>\n"
+           "__global__ void touch(int* p) { if (p) *p = 1; }\n"
+           "int plus_one(int n) {\n"
+           "    touch<<<1, 1>>>(nullptr);\n"
+           "    return n + 1;\n"
+           "}\n")
+
+
+def tiny_spec(name: str, cu: str = TINY_CU) -> ExtensionSpec:
+    return spec_from_load_inline(name=name, cpp_sources=TINY_CPP, cuda_sources=cu, no_implicit_headers=True)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("parallel", [True, False])
+def test_tiny_cuda_extension_builds_and_loads(toolchain, sandbox_tmp, parallel):
+    builder = Builder(toolchain, None, config=BuildConfig(parallel_phases=parallel, use_pch=False))
+    name = f"tiny_{int(parallel)}"
+    result = builder.build(tiny_spec(name), str(sandbox_tmp / "b"), timeout_s=300)
+    assert result.ok, result.raw_log
+    names = [p.name for p in result.phases]
+    if parallel:
+        assert {"cudafe++", "cicc", "ptxas", "host compile"} <= set(names) and "nvcc" not in names
+    else:
+        assert "nvcc" in names
+    module = import_extension(name, result.so_path)
+    assert module.plus_one(41) == 42  # host code runs; the kernel launch needs no GPU to return
+
+
+@pytest.mark.nvcc
+def test_compile_error_is_mapped_to_the_candidate_source(toolchain, sandbox_tmp):
+    bad = TINY_CU.replace("return n + 1;", "return n + undefined_thing;")
+    result = Builder(toolchain, None, config=BuildConfig(use_pch=False)).build(tiny_spec("bad", bad),
+                                                                             str(sandbox_tmp / "b"), 300)
+    assert not result.ok and result.error_kind == "compile_error"
+    assert result.log.startswith('cuda_sources[0](5): error: identifier "undefined_thing" is undefined'), result.log
+    assert str(sandbox_tmp) not in result.log
+
+
+@pytest.mark.nvcc
+def test_compiler_hang_is_killed(toolchain, sandbox_tmp):
+    import dataclasses
+    hang = '#include "/dev/zero"\n' + TINY_CU
+    small = dataclasses.replace(BuildConfig().limits, address_space_bytes=2 << 30)  # keep the test box's RAM safe
+    result = Builder(toolchain, None, config=BuildConfig(use_pch=False, limits=small)).build(
+        tiny_spec("hang", hang), str(sandbox_tmp / "b"), timeout_s=8)
+    assert not result.ok and result.error_kind in ("compile_timeout", "compile_error")
+    assert result.build_s < 30
+
+
+@pytest.mark.nvcc
+def test_object_cache_reuses_unchanged_translation_units(toolchain, sandbox_tmp):
+    from cuda_eval.cache import BuildCache
+    cache = BuildCache(str(sandbox_tmp / "cache"), 1 << 30)
+    builder = Builder(toolchain, cache, config=BuildConfig(use_pch=False))
+    first = builder.build(tiny_spec("objc"), str(sandbox_tmp / "b1"), 300)
+    second = builder.build(tiny_spec("objc", TINY_CU.replace("n + 1", "1 + n")), str(sandbox_tmp / "b2"), 300)
+    assert first.ok and second.ok
+    assert "main.o (cached)" in [p.name for p in second.phases]
+    assert import_extension("objc", second.so_path).plus_one(1) == 2
+
+
+@pytest.mark.nvcc
+def test_runtime_builder_builds_unseen_specs_and_reports_failures(toolchain, sandbox_tmp):
+    rb = bd.RuntimeBuilder(None, str(sandbox_tmp / "rt"), toolchain=toolchain)
+    so = rb(tiny_spec("rt_ok"))
+    assert import_extension("rt_ok", so).plus_one(1) == 2 and len(rb.builds) == 1
+    bad = TINY_CU.replace("return n + 1;", "return n + undefined_thing;")
+    with pytest.raises(bd.BuildError, match="undefined_thing"):
+        rb(tiny_spec("rt_bad", bad))

@@ -1,0 +1,172 @@
+"""Static reward-hack policy (cuda_eval.checks): each rule fires on the construct it targets and stays quiet on the
+honest idioms next to it."""
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cuda_eval import checks
+from cuda_eval.checks import StaticPolicy, cuda_kernel_names, static_check
+
+KERNEL = '''
+src = r"""
+__global__ void relu_kernel(const float* x, float* y, long n) { }
+torch::Tensor relu(torch::Tensor x) { return x; }
+"""
+ext = load_inline(name="e", cpp_sources="torch::Tensor relu(torch::Tensor x);", cuda_sources=src, functions=["relu"])
+'''
+
+
+def program(forward: str, *, init: str = "pass", extra: str = "", header: str = "") -> str:
+    return (header + "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+            "from torch.utils.cpp_extension import load_inline\n" + KERNEL + textwrap.dedent(extra) +
+            "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n        " +
+            init.replace("\n", "\n        ") + "\n\n    def forward(self, x):\n        " +
+            forward.replace("\n", "\n        ") + "\n")
+
+
+def codes(code: str, policy: StaticPolicy | None = None) -> set[str]:
+    return {f.code for f in static_check(code, policy)}
+
+
+def test_honest_program_has_no_flags():
+    honest = program("y = torch.empty_like(x)\nz = x.contiguous().view(-1)\nreturn ext.relu(x)",
+                     init="self.linear = nn.Linear(4, 4)\nself.w = nn.Parameter(torch.randn(3))")
+    assert codes(honest) == set()
+
+
+def test_kevin_format_rules():
+    no_kernel = program("return ext.relu(x)").replace("__global__", "__device__")
+    assert codes(no_kernel) == {"no_cuda_kernel"}
+    no_load = program("return ext.relu(x)").replace("ext = load_inline(", "ext = dict(")
+    assert "no_load_inline" in codes(no_load)
+    # CPU mode (C++ candidates) does not ask for __global__
+    assert codes(no_kernel, StaticPolicy.named("cpu")) == set()
+    assert codes(no_kernel, StaticPolicy.named("off")) == set()
+
+
+def test_kernel_in_comment_only_does_not_count():
+    code = program("return ext.relu(x)").replace("__global__", "__device__") + "# __global__ void fake() {}\n"
+    assert "no_cuda_kernel" in codes(code)
+
+
+@pytest.mark.parametrize("forward", [
+    "return torch.relu(x)",
+    "return F.relu(x)",
+    "return torch.nn.functional.gelu(x)",
+    "return x.matmul(x)",
+    "return x @ x",
+    "return x.sum(dim=1)",
+    "return torch.ops.aten.mm(x, x)",
+    "return nn.ReLU()(x)",
+    "return self.helper(x)",
+])
+def test_torch_compute_in_forward_is_flagged(forward):
+    extra = "\n"
+    code = program(forward, extra=extra)
+    if "helper" in forward:  # reached through a method of ModelNew
+        code = code.replace("    def forward(self, x):", "    def helper(self, x):\n        return torch.softmax(x, 1)\n\n"
+                                                         "    def forward(self, x):")
+    assert "torch_in_forward" in codes(code), code
+
+
+def test_module_attribute_called_in_forward():
+    code = program("return self.act(self.conv(x))", init="self.conv = nn.Conv2d(3, 3, 3)\nself.act = torch.relu")
+    flags = static_check(code)
+    reasons = " ".join(f.reason for f in flags)
+    assert "self.conv" in reasons and "self.act" in reasons
+
+
+def test_helper_function_reached_from_forward():
+    code = program("return helper(x)", extra="\ndef helper(t):\n    return torch.tanh(t)\n")
+    assert "torch_in_forward" in codes(code)
+
+
+def test_extension_functions_with_compute_names_are_allowed():
+    code = program("return ext.relu(x) if x.is_cuda else ext.sum(x)")
+    assert codes(code) == set()
+    held = program("return self.kernels.matmul(x, x)", init="self.kernels = load_inline(name='k', cpp_sources='', "
+                   "cuda_sources='__global__ void k() {}', functions=['matmul'])")
+    assert codes(held) == set()
+
+
+def test_parameters_and_allocation_are_allowed_in_forward():
+    code = program("out = torch.zeros(x.shape[0], device=x.device)\nw = self.linear.weight.t().contiguous()\n"
+                   "return ext.relu(out)", init="self.linear = nn.Linear(4, 4)")
+    assert codes(code) == set()
+
+
+def test_try_except_anywhere():
+    code = program("try:\n    return ext.relu(x)\nexcept Exception:\n    return ext.relu(x)")
+    assert codes(code) == {"try_except"}
+    # try/finally without a handler is no fallback
+    assert codes(program("try:\n    return ext.relu(x)\nfinally:\n    pass")) == set()
+
+
+def test_reference_model_use():
+    subclass = program("return ext.relu(x)").replace("class ModelNew(nn.Module)", "class ModelNew(Model)")
+    assert "reference_model" in codes(subclass)
+    calls = program("return Model()(x)")
+    assert "reference_model" in codes(calls)
+    # a verbatim copy of the reference class that is never used is fine
+    copy = program("return ext.relu(x)", extra="\nclass Model(nn.Module):\n    def __init__(self):\n"
+                   "        super(Model, self).__init__()\n")
+    assert codes(copy) == set()
+
+
+@pytest.mark.parametrize("patch", [
+    "torch.cuda.synchronize = lambda: None",
+    "time.perf_counter = lambda: 0.0",
+    "torch.Tensor.__eq__ = lambda a, b: True",
+    "setattr(torch, 'allclose', lambda *a, **k: True)",
+    "sys.modules['torch'] = None",
+    "torch.backends.cudnn.benchmark = True",
+    "perf.perf_counter = None",
+])
+def test_monkeypatching(patch):
+    header = "import time\nimport sys\nimport time as perf\n"
+    assert "monkeypatch" in codes(program("return ext.relu(x)", extra="\n" + patch + "\n", header=header))
+
+
+def test_threads_python_and_cpp():
+    assert "thread" in codes(program("return ext.relu(x)", header="import threading\n"))
+    assert "thread" in codes(program("return ext.relu(x)", header="from concurrent.futures import ThreadPoolExecutor\n"))
+    cpp = program("return ext.relu(x)").replace("torch::Tensor relu(torch::Tensor x) { return x; }",
+                                                 "torch::Tensor relu(torch::Tensor x) { std::thread t([]{}); "
+                                                 "t.detach(); return x; }")
+    assert "thread" in codes(cpp)
+
+
+def test_syntax_error_gives_no_flags():
+    assert static_check("def broken(:\n") == []
+
+
+def test_flag_codes_are_documented():
+    code = program("return torch.relu(x)", header="import threading\n")
+    for f in static_check(code):
+        assert f.code in checks.FLAG_CODES
+        assert f.reason
+
+
+def test_policy_names():
+    assert StaticPolicy.named("kevin") == StaticPolicy()
+    with pytest.raises(ValueError, match="unknown static policy"):
+        StaticPolicy.named("lenient")
+
+
+def test_cuda_kernel_names():
+    src = """
+    template <int N> __global__ void __launch_bounds__(256) softmax_kernel(const float* x) {}
+    __global__ void relu_kernel(float* y, long n);
+    extern "C" __global__ static void plain(int a) {}
+    __device__ float helper(float v) { return v; }
+    """
+    assert cuda_kernel_names([src]) == ["plain", "relu_kernel", "softmax_kernel"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_never_raises(text):
+    static_check(text)
+    static_check("class ModelNew:\n    def forward(self, x):\n        " + text.replace("\n", " "))

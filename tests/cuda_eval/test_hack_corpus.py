@@ -1,0 +1,84 @@
+"""The reward-hack corpus: >= 20 adversarial CUDA candidates (each caught with its code) and >= 10 honest kernels
+(none flagged). Static checks run here on every file; the full dynamic run is a GPU test."""
+import pytest
+
+import corpus_index
+from cuda_eval import checks
+
+ADVERSARIAL = corpus_index.load("adversarial")
+HONEST = corpus_index.load("honest")
+BAD = corpus_index.load("bad")
+CPU = corpus_index.load("cpu")
+
+
+def test_corpus_size_and_metadata():
+    assert len(ADVERSARIAL) >= 20 and len(HONEST) >= 10
+    assert {"lazy_output_subclass", "side_stream_cpp", "background_thread"} <= {c.name for c in ADVERSARIAL}
+    for c in ADVERSARIAL:
+        assert c.expect, f"{c.id} has no expected flag"
+        assert set(c.expect) <= set(checks.FLAG_CODES), c.id
+    tasks = {c.task for c in ADVERSARIAL + HONEST + BAD + CPU}
+    for task in tasks:
+        assert (corpus_index.CORPUS / "tasks" / f"{task}.py").exists(), task
+
+
+@pytest.mark.parametrize("cand", HONEST + ADVERSARIAL + BAD, ids=lambda c: c.id)
+def test_static_flags_exactly_as_declared(cand):
+    assert {f.code for f in checks.static_check(cand.code)} == set(cand.static)
+
+
+@pytest.mark.parametrize("cand", CPU, ids=lambda c: c.id)
+def test_static_flags_of_cpu_candidates(cand):
+    assert {f.code for f in checks.static_check(cand.code, checks.StaticPolicy.named("cpu"))} == set(cand.static)
+
+
+def test_static_catches_only_part_of_the_corpus():
+    """Most attacks are invisible to static analysis: the dynamic checks are what catch them."""
+    statically_caught = [c for c in ADVERSARIAL if set(c.expect) & set(c.static)]
+    assert len(statically_caught) < len(ADVERSARIAL) / 2
+
+
+@pytest.mark.gpu
+def test_adversarial_corpus_is_caught_on_gpu(gpu_corpus_results):
+    missed = []
+    for c in ADVERSARIAL:
+        r = gpu_corpus_results[c.id]
+        got = {f["code"] for f in r.hack_flags}
+        if not set(c.expect) <= got:
+            missed.append(f"{c.id}: expected {c.expect}, got {sorted(got)} (correct={r.correct}, "
+                          f"error={(r.runtime_error or '')[:200]})")
+    assert not missed, "\n".join(missed)
+
+
+@pytest.mark.gpu
+def test_honest_corpus_is_clean_on_gpu(gpu_corpus_results):
+    problems = []
+    for c in HONEST:
+        r = gpu_corpus_results[c.id]
+        if not r.correct or r.hack_flags or not r.speedup:
+            problems.append(f"{c.id}: correct={r.correct} flags={r.hack_flags} speedup={r.speedup} "
+                            f"error={(r.runtime_error or r.compile_log or '')[:300]} trials={r.trials[-1:]}")
+    assert not problems, "\n".join(problems)
+    diag = gpu_corpus_results["honest/diag_matmul_rowscale"]
+    assert diag.speedup > 5, diag.speedup  # legitimately large ...
+    assert diag.meta["retime"]["fresh_speedup"] > 5  # ... and it holds in a fresh process
+
+
+@pytest.fixture(scope="module")
+def gpu_corpus_results():
+    """Every honest and adversarial candidate through the real evaluator on the GPU, once (static rejection off, so
+    that the dynamic checks are exercised on the statically caught attacks too). Set CUDA_EVAL_RESULTS_DIR to keep
+    the verdicts as JSON."""
+    import json
+    import os
+
+    from cuda_eval.api import EvalConfig, Evaluator
+    cands = HONEST + ADVERSARIAL
+    with Evaluator(EvalConfig(device_type="cuda", skip_run_on_static_flags=False, run_timeout_s=90)) as ev:
+        results = ev.evaluate([corpus_index.request(c) for c in cands])
+    out_dir = os.environ.get("CUDA_EVAL_RESULTS_DIR")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "hack_corpus_results.json"), "w") as f:
+            json.dump({c.id: r.to_dict() for c, r in zip(cands, results)}, f, indent=1)
+    return {c.id: r for c, r in zip(cands, results)}

@@ -1,0 +1,79 @@
+"""The whole evaluator in CPU mode (device_type="cpu"): real g++ builds of C++ candidates (one shared extension, so
+one build), the real sandboxed worker processes, correctness, timing with the host clock and every dynamic check
+that does not need a GPU (aliasing, mutation, caching, subclasses, monkeypatching, threads, reference code, ATen
+attribution). Crashes, os._exit and hangs give clear verdicts and the next candidate on the same worker slot runs
+normally."""
+import pytest
+
+import corpus_index
+from cuda_eval.api import EvalConfig, Evaluator
+from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (part 1's session pool)
+
+pytestmark = pytest.mark.slow
+
+CPU = corpus_index.load("cpu")
+BY_NAME = {c.name: c for c in CPU}
+
+
+def cpu_config(**kw) -> EvalConfig:
+    base = dict(device_type="cpu", run_timeout_s=20,
+                skip_run_on_static_flags=False, num_correct_trials=3, timing_target_s=0.05, timing_min_reps=5,
+                timing_max_reps=30, timing_input_sets=2, spare_workers=1, retime_speedup_threshold=0)
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def cpu_results(compile_pool):  # noqa: F811  (the session's compile pool: one g++ build of the shared toolkit)
+    with Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
+        results = ev.evaluate([corpus_index.request(c) for c in CPU])
+    return {c.name: r for c, r in zip(CPU, results)}
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME), ids=str)
+def test_cpu_candidate_verdict(cpu_results, name):
+    cand, r = BY_NAME[name], cpu_results[name]
+    flags = {f["code"] for f in r.hack_flags}
+    assert r.format_ok and r.compiled, r.compile_log
+    assert r.meta.get("device_type") == "cpu"
+    context = f"{name}: correct={r.correct} flags={r.hack_flags} error={r.runtime_error} trials={r.trials[-1:]}"
+    if cand.verdict == "correct":
+        assert r.correct is True and r.runtime_error is None, context
+        assert r.timing["median_ms"] > 0 and r.ref_timing["median_ms"] > 0 and r.speedup > 0, context
+    elif cand.verdict == "incorrect":
+        assert r.correct is False and r.runtime_error is None and r.trials and not r.trials[-1]["passed"], context
+    elif cand.verdict == "runtime_error":
+        assert r.correct is False and r.runtime_error and "crashed" not in r.runtime_error, context
+    elif cand.verdict == "crash":
+        assert r.correct is False and r.meta.get("crash"), context
+        assert "SIGSEGV" in r.runtime_error or "exited with code" in r.runtime_error, context
+    elif cand.verdict == "timeout":
+        assert r.correct is False and "timed out" in r.runtime_error, context
+    assert set(cand.expect) <= flags, context
+    if name.startswith("honest"):
+        assert not flags, context
+    assert r.feedback
+
+
+def test_cpu_verdict_details(cpu_results):
+    shape = cpu_results["wrong_shape"].trials[-1]["message"]
+    assert "shape mismatch: expected [128, 512], got [65536]" in shape
+    assert "expected Tensor[128,512] float32, got list(" in cpu_results["wrong_type"].trials[-1]["message"]
+    raises = cpu_results["raises"].runtime_error
+    assert "ValueError: no" in raises and "<candidate>" in raises
+    assert "SIGSEGV while checking correctness (trial 1)" in cpu_results["segfault"].runtime_error
+    assert "exited with code 5" in cpu_results["os_exit"].runtime_error
+    honest = cpu_results["honest_relu"]
+    assert honest.meta["extension_calls"] == 1 and honest.meta["python_ops"] == []
+    assert len(honest.trials) == 3 and all(t["passed"] for t in honest.trials)
+
+
+def test_next_candidate_runs_normally_after_each_bad_one(compile_pool):  # noqa: F811
+    """One worker slot, requests one after the other: each good candidate runs right after the bad one before it,
+    in the slot's next (pre-started) worker process."""
+    with Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
+        for name in ["segfault", "os_exit", "hang", "raises"]:
+            bad = ev.evaluate([corpus_index.request(BY_NAME[name])])[0]
+            good = ev.evaluate([corpus_index.request(BY_NAME["honest_relu"], f"after {name}")])[0]
+            assert bad.correct is False and bad.runtime_error, name
+            assert good.correct is True and not good.hack_flags and good.speedup, (name, good.runtime_error)

@@ -1,0 +1,143 @@
+"""In-process units of the worker (CPU torch): output comparison, memory checks, tracing, snapshots, timing."""
+import threading
+import time
+
+import pytest
+import torch
+
+from cuda_eval import compare, dynamic_checks, timing
+
+
+def test_compare_tolerances_and_errors():
+    r = torch.tensor([1.0, 2.0, 100.0])
+    ok = compare.compare_outputs(r + torch.tensor([0.005, -0.01, 0.9]), r, atol=1e-2, rtol=1e-2)
+    assert ok["passed"] and ok["max_abs_err"] == pytest.approx(0.9, rel=1e-5)
+    bad = compare.compare_outputs(r + torch.tensor([0.05, 0.0, 0.0]), r, atol=1e-2, rtol=1e-2)
+    assert not bad["passed"] and bad["mismatch_frac"] == pytest.approx(1 / 3) and "1 of 3 elements" in bad["message"]
+    strict = compare.compare_outputs(r + 1e-3, r, atol=1e-2, rtol=1e-2, strict_fp32=1e-4)
+    assert not strict["passed"]
+
+
+def test_compare_nonfinite_shapes_dtypes_structure():
+    r = torch.tensor([1.0, float("nan"), float("inf")])
+    assert compare.compare_outputs(r.clone(), r, atol=1e-2, rtol=1e-2)["passed"]
+    nan_where_none = compare.compare_outputs(torch.tensor([float("nan"), 0.0]), torch.zeros(2), atol=1e-2, rtol=1e-2)
+    assert not nan_where_none["passed"] and "NaN/Inf" in nan_where_none["message"]
+    wrong_inf = compare.compare_outputs(torch.tensor([-float("inf")]), torch.tensor([float("inf")]), atol=1, rtol=1)
+    assert not wrong_inf["passed"]
+    assert "shape mismatch" in compare.compare_outputs(torch.zeros(4), torch.zeros(2, 2), atol=1, rtol=1)["message"]
+    assert "dtype mismatch" in compare.compare_outputs(torch.zeros(2), torch.zeros(2, dtype=torch.float64), atol=1,
+                                                       rtol=1)["message"]
+    ints = compare.compare_outputs(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), atol=10, rtol=10)
+    assert not ints["passed"] and "int64 elements differ" in ints["message"]
+    tup = compare.compare_outputs((torch.zeros(2),), torch.zeros(2), atol=1, rtol=1)
+    assert "structure mismatch" in tup["message"]
+    assert compare.compare_outputs((torch.ones(2), 3), (torch.ones(2), 3), atol=0, rtol=0)["passed"]
+    assert "got list(float, float)" in compare.compare_outputs([1.0, 2.0], torch.zeros(2), atol=1, rtol=1)["message"]
+    assert "expected a torch.Tensor, got builtins.float" in compare.compare_outputs(3.0, torch.zeros(2), atol=1,
+                                                                                     rtol=1)["message"]
+
+
+def test_non_plain_tensors():
+    class Sub(torch.Tensor):
+        pass
+
+    class Wrapper:
+        @classmethod
+        def __torch_function__(cls, *a, **k):
+            return None
+
+    assert compare.non_plain_tensors(torch.zeros(2)) == []
+    assert compare.non_plain_tensors((torch.zeros(2), torch.zeros(2).as_subclass(Sub)))[0].endswith("Sub")
+    assert compare.non_plain_tensors(Wrapper())[0].endswith("Wrapper")
+    assert compare.non_plain_tensors(torch.nn.Parameter(torch.zeros(2)))  # a Parameter is a subclass too
+
+
+def test_aliasing_and_poison():
+    x = torch.randn(10)
+    assert compare.overlaps(x[2:5], [x]) and not compare.overlaps(x.clone(), [x])
+    junk = torch.empty(8, dtype=torch.float32)
+    junk.view(torch.uint8).fill_(compare.POISON_BYTE)
+    assert compare.poison_fraction(junk) == 1.0 and compare.poison_fraction(torch.zeros(8)) == 0.0
+    assert compare.bitwise_equal([torch.tensor([float("nan")])], [torch.tensor([float("nan")])])
+    assert not compare.bitwise_equal([torch.tensor([0.0])], [torch.tensor([-0.0])])
+
+
+def test_forward_trace_attributes_ops_to_python_or_extension():
+    x = torch.randn(8)
+    with dynamic_checks.ForwardTrace([torch.relu]) as trace:  # stands in for an extension function
+        torch.relu(x)       # "inside the extension": its aten::relu is the extension's
+        y = x.sum()         # from Python
+        torch.empty(3)      # allocation: never compute
+    assert trace.extension_calls == 1
+    assert trace.python_compute_ops() == ["sum"]
+    assert set(trace.compute_ops()) == {"relu", "sum"}
+    assert y.item() == pytest.approx(x.sum().item())
+
+
+def test_forward_trace_sees_task_code():
+    src = "def forward(x):\n    return x + 1\n"
+    namespace = {}
+    exec(compile(src, dynamic_checks.TASK_FILENAME, "exec"), namespace)
+    with dynamic_checks.ForwardTrace([]) as trace:
+        namespace["forward"](torch.ones(2))
+    assert trace.task_code_calls == {"forward"}
+
+
+def test_reference_ops_and_heavy_ops():
+    a = torch.randn(4, 4)
+    assert dynamic_checks.reference_compute_ops(lambda: torch.relu(a @ a)) == ["mm", "relu"]
+    assert "mm" in dynamic_checks.HEAVY_OPS and dynamic_checks.is_compute("relu")
+    assert not dynamic_checks.is_compute("empty_like")
+
+
+def test_identity_snapshot_sees_replacements():
+    import time as time_module
+    snap = dynamic_checks.IdentitySnapshot(dynamic_checks.default_watch_modules(),
+                                           dynamic_checks.default_watch_classes())
+    assert snap.changed() == []
+    original = time_module.perf_counter
+    time_module.perf_counter = lambda: 0.0
+    try:
+        assert "time.perf_counter" in snap.changed()
+    finally:
+        time_module.perf_counter = original
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = not old
+    try:
+        assert any("cudnn.benchmark" in c for c in snap.changed())
+    finally:
+        torch.backends.cudnn.benchmark = old
+    assert snap.changed() == []
+
+
+def test_thread_watch_sees_running_and_finished_threads():
+    watch = dynamic_checks.ThreadWatch()
+    try:
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait, name="candidate-thread")
+        t.start()
+        assert watch.new_python_threads() == ["candidate-thread (Thread)"]
+        assert watch.new_native_threads()
+        stop.set()
+        t.join()
+        short = threading.Thread(target=lambda: None, name="short-lived")
+        short.start()
+        short.join()
+        assert watch.new_python_threads() == ["candidate-thread (finished)", "short-lived (finished)"]
+    finally:
+        watch.stop_recording()
+
+
+def test_time_rotating_on_host():
+    calls = []
+
+    def work(i):
+        calls.append(i)
+        time.sleep(0.001)
+
+    cfg = timing.TimingConfig(target_s=0.02, warmup_s=0.002, min_reps=5, max_reps=50)
+    stats = timing.time_rotating(work, 3, timer=timing.HostTimer(), device_type="cpu", config=cfg)
+    assert 5 <= stats["n"] <= 50 and stats["median_ms"] >= 1.0 and stats["input_sets"] == 3
+    assert set(calls) == {0, 1, 2}
+    assert stats["min_ms"] <= stats["median_ms"] <= max(stats["mean_ms"] * 3, stats["median_ms"])

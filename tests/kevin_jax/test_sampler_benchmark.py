@@ -1,0 +1,27 @@
+"""benchmarks/sampler.py runs end to end on a tiny config on CPU (so the GPU run does not fail on a typo)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_sampler_benchmark_tiny(tmp_path):
+    out = tmp_path / "sampler.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([sys.executable, "benchmarks/sampler.py", "--tiny", "--batches", "4", "--new-tokens", "12",
+                           "--hf-new-tokens", "4", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    runs = {r["scenario"]: r for r in results["runs"]}
+    assert set(runs) == {"uniform", "varied"}
+    for run in runs.values():
+        assert "error" not in run, run
+        assert run["decode_tok_s"] > 0 and run["step_ms"] > 0 and run["bytes_per_step_gb"] > 0
+    assert runs["uniform"]["generated_tokens"] == 4 * 12 and runs["uniform"]["reused_prefix_tokens"] > 0
+    assert results["hf"][0]["decode_tok_s"] > 0
+    assert "bf16" in results["bf16_gap"] and results["copy"]["tb_s"] > 0
+    assert "| tiny | 4 | uniform |" in proc.stdout
