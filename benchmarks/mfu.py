@@ -115,7 +115,7 @@ def matmul_ceiling(jax, jnp) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e12
 
 
-def run_config(jax, jnp, nnx, qwen2, config, cfg: dict, args, log, profile_dir=None) -> dict:
+def run_config(jax, jnp, nnx, qwen2, config, cfg: dict, args, log, profile_dir=None) -> tuple[dict, dict | None]:
     options = qwen2.ModelOptions(dtype="bfloat16", param_dtype=cfg["param_dtype"], remat=cfg["remat"],
                                  attention=cfg["attention"], scan_layers=cfg["scan_layers"])
     batch, seq, chunk = cfg["batch"], args.seq_len, cfg["logprob_chunk"]
@@ -320,7 +320,8 @@ def run_group(args) -> None:
         try:
             result, profile = run_config(jax, jnp, nnx, qwen2, config, cfg, args, log, profile_dir)
             log(f"  -> {result['step_ms']} ms/step, {result['tokens_per_s']} tok/s, {result['tflops']} TFLOP/s, "
-                f"MFU {result['mfu'] * 100:.1f}% (compile {result['compile_s']} s, XLA peak {result['xla_peak_gb']} GB)")
+                f"MFU {result['mfu'] * 100:.1f}% (compile {result['compile_s']} s, "
+                f"XLA peak {result['xla_peak_gb']} GB)")
             if profile is not None:
                 print(PROFILE_TAG + json.dumps({**cfg, "group": args.group, **profile}), flush=True)
             profile_dir = None          # one profile per run (the first configuration that runs)

@@ -5,9 +5,9 @@ Layout of one forward pass (each piece callable on its own, which is what the sa
   embed(tokens) -> run_layers(hidden, positions, attention_fn, ctx, layer_states) -> final_norm -> logits / log-probs
 
 The decoder layers are ONE module whose parameters carry a leading [num_layers] axis; `run_layers` runs them with
-jax.lax.scan (one compiled layer body, whatever the depth) under a configurable remat policy. Attention goes through
-`attention_fn(q, k, v, layer_state, ctx) -> (out, new_layer_state)` (docs/ARCHITECTURE.md, Contract 3); the default is
-causal attention with per-sequence segment ids (0 = padding).
+jax.lax.scan (one compiled layer body, whatever the depth; or unrolled, ModelOptions.scan_layers) under a configurable
+remat policy. Attention goes through `attention_fn(q, k, v, layer_state, ctx) -> (out, new_layer_state)`
+(docs/ARCHITECTURE.md, Contract 3); the default is causal attention with per-sequence segment ids (0 = padding).
 
 Parameter layouts (leading L on layer parameters; HF names in brackets, see hf.py for the mapping):
   embed_tokens.embedding      [V, H]          (model.embed_tokens.weight)
@@ -36,17 +36,29 @@ from kevin_jax.model.shapes import Qwen2Config
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+# Checkpoint name of what the cuDNN flash attention's backward pass needs (q, k, v after RoPE, the output and the
+# softmax statistics; O(T) memory). Saving it keeps the backward pass from re-running the attention forward kernel.
+ATTENTION_RESIDUALS = "attention_residuals"
+
 # Remat policies for the scanned layer body. "full" keeps only each layer's input (the least memory); "none" keeps
-# everything (the most); the others save matmul outputs so that the backward pass recomputes less.
+# everything (the most); the others save matmul outputs so that the backward pass recomputes less. Note that jax's
+# dots policies do not see the cuDNN attention (a custom call, not a dot): without ATTENTION_RESIDUALS among the saved
+# names the backward pass runs the attention forward a second time.
+_policies = jax.checkpoint_policies
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    # Saves the q/k/v projections and the attention output: the backward pass recomputes the MLP only.
-    "qkv_attn": jax.checkpoint_policies.save_only_these_names("query", "key", "value", "attention_out"),
-    # Saves the attention output only: the (cheap in memory, costly in FLOPs) attention is not run twice.
-    "attn_out": jax.checkpoint_policies.save_only_these_names("attention_out"),
+    "full": _policies.nothing_saveable,
+    "dots": _policies.dots_saveable,
+    "dots_no_batch": _policies.dots_with_no_batch_dims_saveable,
+    # Every matmul output and the attention output and residuals (MaxText's GPU "minimal_flash"): the backward pass
+    # recomputes only elementwise ops (norms, RoPE, SiLU); as few FLOPs as "none" in much less memory.
+    "dots_attn": _policies.save_from_both_policies(
+        _policies.dots_with_no_batch_dims_saveable,
+        _policies.save_only_these_names("attention_out", ATTENTION_RESIDUALS)),
+    # The q/k/v projections and the attention (output and residuals): the backward pass recomputes the MLP only.
+    "qkv_attn": _policies.save_only_these_names("query", "key", "value", "attention_out", ATTENTION_RESIDUALS),
+    # The attention output and residuals only: the (cheap in memory, costly in FLOPs) attention is not run twice.
+    "attn_out": _policies.save_only_these_names("attention_out", ATTENTION_RESIDUALS),
 }
 
 ATTENTION_IMPLS = ("auto", "cudnn", "xla", "chunked")
@@ -72,6 +84,10 @@ class ModelOptions:
         long sequences on CPU, AOT memory plans).
       attention_chunk: query-chunk length of the "chunked" attention.
       matmul_precision: "default" or "highest" (full fp32 matmuls on GPU, for parity checks).
+      scan_layers: True runs the decoder layers with jax.lax.scan (one compiled layer body: compile time independent
+        of depth); False unrolls them into a Python loop. Unrolled, the activations saved for the backward pass are
+        separate buffers instead of slices of [num_layers, ...] stacks that the scan zero-fills and copies into (on an
+        H200 that traffic is ~5% of a qwen2.5-1.5B training step), at the price of compile time growing with depth.
     """
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
@@ -79,6 +95,7 @@ class ModelOptions:
     attention: str = "auto"
     attention_chunk: int = 512
     matmul_precision: str = "default"
+    scan_layers: bool = True
 
     def __post_init__(self):
         for name, allowed in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT_POLICIES),
@@ -159,6 +176,30 @@ def _chunked_attention(q, k, v, segment_ids, chunk: int, precision):
     return out[:, :length]
 
 
+def save_residuals_as(name: str, fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`fn` (positional array arguments) with the same value and gradient, whose backward-pass residuals carry the
+    checkpoint name `name`, so that a remat policy such as save_only_these_names(name) can keep them."""
+
+    @jax.custom_vjp
+    def wrapped(*args):
+        return fn(*args)
+
+    def forward(*args):
+        out, pullback = jax.vjp(fn, *args)      # the pullback is a pytree whose leaves are the residuals
+        return out, jax.tree.map(lambda r: checkpoint_name(r, name), pullback)
+
+    def backward(pullback, cotangent):
+        return pullback(cotangent)
+
+    wrapped.defvjp(forward, backward)
+    return wrapped
+
+
+_cudnn_causal_attention = save_residuals_as(
+    ATTENTION_RESIDUALS,
+    functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation="cudnn"))
+
+
 def make_segment_attention(options: ModelOptions) -> AttentionFn:
     """The default training/scoring attention: causal within segments, padding ignored. Layer state passes through."""
 
@@ -177,7 +218,7 @@ def make_segment_attention(options: ModelOptions) -> AttentionFn:
             if not ctx.right_padded:
                 raise ValueError("attention='cudnn' needs right-padded single-sequence rows (SegmentContext("
                                  "right_padded=True)); use 'xla' or 'chunked' for packed or left-padded batches")
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+            out = _cudnn_causal_attention(q, k, v)
         elif ctx.right_padded:
             out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
         else:
@@ -187,6 +228,19 @@ def make_segment_attention(options: ModelOptions) -> AttentionFn:
         return out, layer_state
 
     return attention
+
+
+def _unrolled_scan(body, carry, xs, length: int):
+    """jax.lax.scan's contract as a Python loop. Per-layer slices come from one lax.split per array, whose transpose
+    (the gradient) is one concatenate, rather than from `x[i]`, whose transpose pads every layer's gradient to the
+    full [L, ...] shape."""
+    leaves, treedef = jax.tree_util.tree_flatten(xs)
+    pieces = [[p.reshape(p.shape[1:]) for p in jax.lax.split(leaf, [1] * length, axis=0)] for leaf in leaves]
+    outputs = []
+    for i in range(length):
+        carry, y = body(carry, jax.tree_util.tree_unflatten(treedef, [piece[i] for piece in pieces]))
+        outputs.append(y)
+    return carry, jax.tree.map(lambda *ys: jnp.stack(ys), *outputs)
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
@@ -376,8 +430,12 @@ class Qwen2ForCausalLM(nnx.Module):
 
         policy = REMAT_POLICIES[self.options.remat]
         if self.options.remat != "none":
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        hidden, (new_states, per_layer) = jax.lax.scan(body, hidden, (layer_params, layer_states))
+            body = jax.checkpoint(body, policy=policy, prevent_cse=not self.options.scan_layers)
+        if self.options.scan_layers:
+            hidden, (new_states, per_layer) = jax.lax.scan(body, hidden, (layer_params, layer_states))
+        else:
+            hidden, (new_states, per_layer) = _unrolled_scan(body, hidden, (layer_params, layer_states),
+                                                             self.config.num_hidden_layers)
         if collect_hidden:
             return hidden, new_states, per_layer
         return hidden, new_states
@@ -454,30 +512,113 @@ class Qwen2ForCausalLM(nnx.Module):
 
 def chunked_logprobs(normed_hidden: jax.Array, head: jax.Array, targets: jax.Array, *, chunk_size: int,
                      temperature: float = 1.0, precision=None) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-prob of `targets` and entropy, computing [B, chunk, V] logits at a time (checkpointed)."""
-    batch, length, width = normed_hidden.shape
-    chunk = max(1, min(chunk_size, length))
+    """Per-token log-prob of `targets` and entropy, computing [B, chunk, V] logits at a time.
+
+    Args:
+      normed_hidden: [B, T, H] final-normed hidden states (compute dtype).
+      head: [V, H] output projection (compute dtype).
+      targets: [B, T] int32 token ids.
+      chunk_size: sequence positions per logits chunk (peak extra memory ~ B * chunk_size * V * 6 bytes).
+    Returns:
+      float32 [B, T] log-probs and entropies.
+
+    Differentiable through a hand-written VJP (_logprob_head_bwd): the forward keeps only the [B, T] log-sum-exp
+    and entropy, the backward recomputes each chunk's logits once, runs its two matmuls in the compute dtype (as every
+    other matmul's backward does) and accumulates the head gradient over chunks in float32.
+    """
+    chunk = max(1, min(chunk_size, normed_hidden.shape[1]))
+    return _logprob_head(normed_hidden, head, targets, chunk, float(temperature), precision)
+
+
+def _to_chunks(x: jax.Array, chunk: int) -> jax.Array:
+    """[B, T, ...] -> [n, B, chunk, ...], zero-padding T up to a multiple of chunk."""
+    batch, length = x.shape[:2]
     pad = (-length) % chunk
-    n = (length + pad) // chunk
-    hidden_chunks = jnp.pad(normed_hidden, ((0, 0), (0, pad), (0, 0))).reshape(batch, n, chunk, width).swapaxes(0, 1)
-    target_chunks = jnp.pad(targets, ((0, 0), (0, pad))).reshape(batch, n, chunk).swapaxes(0, 1)
+    x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+    return x.reshape(batch, -1, chunk, *x.shape[2:]).swapaxes(0, 1)
 
-    @functools.partial(jax.checkpoint, prevent_cse=False)
+
+def _from_chunks(x: jax.Array, length: int) -> jax.Array:
+    """[n, B, chunk, ...] -> [B, length, ...]."""
+    x = x.swapaxes(0, 1)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+
+def _chunk_logits(h, head, temperature, precision):
+    """float32 [B, c, V] logits of one chunk (bf16 x bf16 matmul with float32 accumulation and output)."""
+    logits = jnp.einsum("bch,vh->bcv", h, head, precision=precision, preferred_element_type=jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return parallel.constrain(logits, ("batch", "seq", "act_vocab"))
+
+
+def _target_logits(h, head, targets, temperature, precision):
+    """float32 [B, c] logits of the target tokens, from the gathered head rows (a gather, not a [B, c, V] pass)."""
+    rows = jnp.take(head, targets, axis=0)                                       # [B, c, H]
+    logit = jnp.einsum("bch,bch->bc", h, rows, precision=precision, preferred_element_type=jnp.float32)
+    return logit / temperature if temperature != 1.0 else logit
+
+
+def _logprob_head_forward(h, head, targets, chunk, temperature, precision):
+    length = h.shape[1]
+
     def one_chunk(args):
-        h, t = args
-        logits = jnp.einsum("bch,vh->bcv", h, head, precision=precision, preferred_element_type=jnp.float32)
-        logits = parallel.constrain(logits / temperature, ("batch", "seq", "act_vocab"))
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        # where(iota == target) instead of a gather: stays local when the vocabulary is sharded.
-        hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
-        target_logit = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
-        probs = jnp.exp(logits - lse[..., None])
-        entropy = lse - jnp.sum(probs * logits, axis=-1)
-        return target_logit - lse, entropy
+        hc, tc = args
+        logits = _chunk_logits(hc, head, temperature, precision)
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        shifted = jnp.exp(logits - top)
+        total = jnp.sum(shifted, axis=-1)
+        lse = top[..., 0] + jnp.log(total)
+        # entropy = lse - E_p[logits], with E_p[logits] = sum(exp(l - top) * l) / sum(exp(l - top)): one pass.
+        entropy = lse - jnp.sum(shifted * logits, axis=-1) / total
+        logprob = _target_logits(hc, head, tc, temperature, precision) - lse
+        return logprob, entropy, lse
 
-    logprobs, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(batch, n * chunk)[:, :length]
-    return unchunk(logprobs), unchunk(entropy)
+    logprobs, entropy, lse = jax.lax.map(one_chunk, (_to_chunks(h, chunk), _to_chunks(targets, chunk)))
+    return _from_chunks(logprobs, length), _from_chunks(entropy, length), _from_chunks(lse, length)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _logprob_head(h, head, targets, chunk, temperature, precision):
+    logprobs, entropy, _ = _logprob_head_forward(h, head, targets, chunk, temperature, precision)
+    return logprobs, entropy
+
+
+def _logprob_head_fwd(h, head, targets, chunk, temperature, precision):
+    logprobs, entropy, lse = _logprob_head_forward(h, head, targets, chunk, temperature, precision)
+    return (logprobs, entropy), (h, head, targets, lse, entropy)
+
+
+def _logprob_head_bwd(chunk, temperature, precision, residuals, cotangents):
+    """d logprob_t / d logits = onehot(t) - p;  d entropy / d logits = -p * (log p + entropy).
+
+    The dense part (-p * (g_logprob + g_entropy * (log p + entropy))) goes through the two matmuls in the compute
+    dtype; the one-hot part (+g_logprob at the target) is added exactly through a gather / scatter of head rows."""
+    h, head, targets, lse, entropy = residuals
+    g_logprob, g_entropy = cotangents
+    length, compute_dtype = h.shape[1], head.dtype
+    inv_t = 1.0 / temperature
+
+    def one_chunk(head_grad, args):
+        hc, tc, lse_c, ent_c, glp_c, gent_c = args
+        logits = _chunk_logits(hc, head, temperature, precision)
+        logp = logits - lse_c[..., None]
+        dense = -jnp.exp(logp) * (glp_c[..., None] + gent_c[..., None] * (logp + ent_c[..., None]))
+        dense = parallel.constrain((dense * inv_t).astype(compute_dtype), ("batch", "seq", "act_vocab"))
+        target_scale = (glp_c * inv_t)[..., None]                                        # [B, c, 1] float32
+        dh = jnp.einsum("bcv,vh->bch", dense, head, precision=precision, preferred_element_type=jnp.float32)
+        dh = dh + target_scale * jnp.take(head, tc, axis=0).astype(jnp.float32)
+        head_grad = head_grad + jnp.einsum("bcv,bch->vh", dense, hc, precision=precision,
+                                           preferred_element_type=jnp.float32)
+        head_grad = head_grad.at[tc.reshape(-1)].add((target_scale * hc.astype(jnp.float32)).reshape(-1, hc.shape[-1]))
+        return head_grad, dh.astype(h.dtype)
+
+    chunks = tuple(_to_chunks(x, chunk) for x in (h, targets, lse, entropy, g_logprob, g_entropy))
+    head_grad, dh = jax.lax.scan(one_chunk, jnp.zeros(head.shape, jnp.float32), chunks)
+    return _from_chunks(dh, length), head_grad.astype(head.dtype), None
+
+
+_logprob_head.defvjp(_logprob_head_fwd, _logprob_head_bwd)
 
 
 # ------------------------------------------------------------------------------------------------ building

@@ -195,12 +195,68 @@ def test_remat_policies_give_identical_gradients():
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (2, 12)).astype(np.int32))
     targets = jnp.roll(tokens, -1, 1)
     grads = {}
-    # jax's own policies are jax's business; these exercise our checkpoint_name wiring (qkv_attn, attn_out).
-    for remat in ("none", "full", "qkv_attn", "attn_out"):
-        options = qwen2.ModelOptions(dtype="float32", param_dtype="float32", remat=remat, attention="xla")
+    # jax's own policies are jax's business; these exercise our checkpoint_name wiring (qkv_attn, attn_out,
+    # dots_attn) and the unrolled layer loop.
+    for remat, scan in [("none", True), ("full", True), ("qkv_attn", True), ("attn_out", True), ("dots_attn", True),
+                        ("full", False), ("dots_attn", False)]:
+        options = qwen2.ModelOptions(dtype="float32", param_dtype="float32", remat=remat, attention="xla",
+                                     scan_layers=scan)
         graphdef, state = nnx.split(qwen2.Qwen2ForCausalLM(config, options, rngs=nnx.Rngs(0)))
         loss = lambda p: jnp.sum(nnx.merge(graphdef, p).token_logprobs(tokens, None, None, targets, chunk_size=4))
-        grads[remat] = jax.tree_util.tree_leaves(jax.jit(jax.grad(loss))(state))
-    for remat, leaves in grads.items():
-        for g, r in zip(leaves, grads["none"]):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-6, rtol=1e-5, err_msg=remat)
+        grads[(remat, scan)] = jax.tree_util.tree_leaves(jax.jit(jax.grad(loss))(state))
+    for key, leaves in grads.items():
+        for g, r in zip(leaves, grads[("none", True)]):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-6, rtol=1e-5, err_msg=str(key))
+
+
+def test_save_residuals_as_keeps_math_and_lets_a_policy_skip_the_recompute():
+    """qwen2.save_residuals_as (used on the cuDNN attention, checked here on XLA's): same value and gradient, and a
+    remat policy saving the name stops the backward pass from recomputing the wrapped forward."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)), jnp.float32) for _ in range(2))
+    attention = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    wrapped = qwen2.save_residuals_as("test_residuals", attention)
+    # Linear in the output, so the backward pass needs the attention's residuals only (not its output).
+    weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) * weights))
+    np.testing.assert_array_equal(np.asarray(wrapped(q, k, v)), np.asarray(attention(q, k, v)))
+    for g, r in zip(jax.grad(loss(wrapped), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(loss(attention), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-6, rtol=1e-5)
+
+    def dots_in_value_and_gradient(policy):
+        remat = jax.checkpoint(loss(wrapped), policy=policy)
+        lowered = jax.jit(jax.value_and_grad(remat, argnums=(0, 1, 2))).lower(q, k, v)
+        return lowered.as_text().count("stablehlo.dot_general")
+
+    saved = dots_in_value_and_gradient(jax.checkpoint_policies.save_only_these_names("test_residuals"))
+    recomputed = dots_in_value_and_gradient(jax.checkpoint_policies.nothing_saveable)
+    assert saved == 2 + 4                 # forward QK^T, PV; backward dQ, dK, dP, dV
+    assert recomputed > saved             # without the names the backward pass runs QK^T again
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprob_head_gradient_matches_autodiff_of_dense_logits(temperature):
+    """chunked_logprobs' hand-written backward (float32 here) against jax autodiff of the plain [B, T, V] formula, for
+    log-prob and entropy cotangents together, with a chunk that does not divide T."""
+    rng = np.random.default_rng(1)
+    h = jnp.asarray(rng.normal(size=(2, 13, 16)), jnp.float32)
+    head = jnp.asarray(rng.normal(size=(50, 16)) * 0.5, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 50, (2, 13)), jnp.int32)
+    a, b = (jnp.asarray(rng.normal(size=(2, 13)), jnp.float32) for _ in range(2))
+    highest = jax.lax.Precision.HIGHEST
+
+    def dense(h, head):
+        logp = jax.nn.log_softmax(jnp.einsum("bth,vh->btv", h, head, precision=highest) / temperature, axis=-1)
+        return (jnp.take_along_axis(logp, targets[..., None], -1)[..., 0], -jnp.sum(jnp.exp(logp) * logp, -1))
+
+    chunked = lambda h, head: qwen2.chunked_logprobs(h, head, targets, chunk_size=5, temperature=temperature,
+                                                     precision=highest)
+    objective = lambda f: (lambda h, head: jnp.sum(a * f(h, head)[0]) + jnp.sum(b * f(h, head)[1]))
+    for ours, ref in zip(chunked(h, head), dense(h, head)):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=TOL)
+    ours = jax.jit(jax.grad(objective(chunked), argnums=(0, 1)))(h, head)
+    ref = jax.grad(objective(dense), argnums=(0, 1))(h, head)
+    for g, r in zip(ours, ref):
+        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) <= 1e-6 * np.linalg.norm(np.asarray(r))
