@@ -541,7 +541,6 @@ class Builder:
         flags = tc.flags(spec.name, with_cuda=with_cuda, extra_cflags=spec.extra_cflags,
                          extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
                          extra_include_paths=spec.extra_include_paths)
-        flags = {k: [runner.session.map_path(f) for f in v] for k, v in flags.items()}
         cflags = flags["cflags"]  # host_opt_level concerns the .cu host pass only (main.cpp is pybind glue)
         objects: dict[str, str] = {}
         logs: dict[str, str] = {}
@@ -559,7 +558,7 @@ class Builder:
                 pch_dir = self.pch_store.ensure(pch_flags(cflags), wait=False)
             if pch_dir:
                 text = main_cpp(spec, pch_include=True)
-                argv = [tc.cxx, f"-I{runner.session.map_path(pch_dir)}", "-Winvalid-pch", *pch_flags(cflags), "-c",
+                argv = [tc.cxx, f"-I{pch_dir}", "-Winvalid-pch", *pch_flags(cflags), "-c",
                         "main.cpp", "-o", "main.o"]
             else:
                 text = exact_text
@@ -660,7 +659,6 @@ class Builder:
         flags = tc.flags(spec.name, with_cuda=with_cuda, extra_cflags=spec.extra_cflags,
                          extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
                          extra_include_paths=spec.extra_include_paths)
-        flags = {k: [runner.session.map_path(f) for f in v] for k, v in flags.items()}
         result.header_mode = "exact"
         for name, content in spec.source_files:
             self._write(build_dir, name, content, runner)

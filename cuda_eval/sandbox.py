@@ -348,7 +348,8 @@ class SandboxSession:
         return None if self._lease is None else self._lease.view
 
     def map_path(self, path: str) -> str:
-        """A real path as the sandboxed processes must name it (staged copies for unreadable ones)."""
+        """A real path as the sandboxed processes must name it (staged copies for unreadable ones). run/spawn
+        apply this to every argument themselves: callers keep real paths (e.g. in cache keys)."""
         return path if self.view is None else _map_in(path, self.view)
 
     def _kwargs(self, argv: Sequence[str], limits: SandboxLimits, cwd: str | None,

@@ -20,6 +20,7 @@ Parameter layouts (leading L on layer parameters; HF names in brackets, see hf.p
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -219,12 +220,17 @@ def make_segment_attention(options: ModelOptions) -> AttentionFn:
                 raise ValueError("attention='cudnn' needs right-padded single-sequence rows (SegmentContext("
                                  "right_padded=True)); use 'xla' or 'chunked' for packed or left-padded batches")
             out = _cudnn_causal_attention(q, k, v)
-        elif ctx.right_padded:
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
         else:
-            index = jnp.arange(q.shape[1], dtype=jnp.int32)
-            mask = segment_mask(ctx.segment_ids, ctx.segment_ids, index, index)[:, None]   # [B, 1, T, S]
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+            # jax.nn.dot_product_attention takes no precision argument: without this scope its fp32 dots run as TF32
+            # on GPU even when the model asks for "highest" (seen on the H200: 1e-4 gradient drift across remat).
+            scope = jax.default_matmul_precision("highest") if options.precision is not None else contextlib.nullcontext()
+            with scope:
+                if ctx.right_padded:
+                    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+                else:
+                    index = jnp.arange(q.shape[1], dtype=jnp.int32)
+                    mask = segment_mask(ctx.segment_ids, ctx.segment_ids, index, index)[:, None]   # [B, 1, T, S]
+                    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
         return out, layer_state
 
     return attention
