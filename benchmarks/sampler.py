@@ -1,23 +1,32 @@
-"""Sampler throughput on one GPU against the memory-bandwidth roofline and against transformers' generate.
+"""Sampler throughput on one GPU: copy roofline, where a decode step's time goes, and the throughput table.
 
-    python benchmarks/sampler.py --out $OUT/sampler.json          # the device run: 1.5B and 7B, batch 64 and 256
-    python benchmarks/sampler.py --tiny --out /tmp/sampler.json    # the same code on a tiny config (CPU, ~2 min)
+    python benchmarks/sampler.py --out $OUT/sampler.json           # the device run (H200, ~6-7 min)
+    python benchmarks/sampler.py --tiny --out /tmp/sampler.json     # the same code on a tiny config (CPU smoke run)
 
 Random bf16 weights; prompts of 1-2k tokens, 16 sequences per distinct prompt (Kevin's trajectories share their
-first-turn prompt); temperature 0.9; no EOS (lengths are set per sequence). Sections, each surviving failures (an OOM
-in one configuration is recorded and the next one runs):
-  copy      device copy bandwidth (read + write bytes / time of x + 1 over a 4 GiB array): the roofline.
-  hf        transformers' generate (bf16, sdpa, left-padded batch) on the same shapes, run first, before JAX takes
-            the memory. Measured on --hf-new-tokens new tokens: decode rate = batch x (n - 1) / (t(n) - t(1)), i.e.
-            per generated token with prefill excluded, comparable to our decode tokens/s.
-  runs      ours, per (model, batch): "uniform" = every sequence generates --new-tokens; "varied" (largest batch
-            only) = twice as many sequences as slots, lengths uniform in [new/16, new]: continuous batching refills
-            slots. Decode tokens/s, ms per decode step, and bandwidth utilisation = (weight bytes + live KV bytes
-            read) per step / step time / copy bandwidth.
-  bf16_gap  sampler log-probs (bf16) vs token_logprobs recomputed by the bf16 and the fp32 forward (what the RL
-            loss compares against), on the first model.
-  attention Pallas paged attention vs the pure-JAX fallback, decode tokens/s on the first model's largest batch.
-Prints a markdown table for docs/LOG.md and writes everything to --out as JSON.
+first-turn prompt); temperature 0.9; no EOS (lengths are set per sequence). Sections, in this order, each isolated
+(a failure or OOM is recorded and the rest runs; the JSON is rewritten after every measurement):
+
+  copy        the roofline: torch `copy_` (read + write bytes, CUDA events: what benchmarks/probe_machine.py
+              measures) and a JAX elementwise op that reaches the copy rate (benchmarks/bandwidth.py). The roofline
+              used below is the torch number (the JAX one when torch has no GPU).
+  hf          transformers' generate (bf16, sdpa, left-padded batch), run before JAX takes the memory, on
+              --hf-new-tokens new tokens: decode rate = batch x (n - 1) / (time of steps 2..n) (prefill excluded),
+              compared per token with our decode rate at the same batch.
+  per model (--configs), at its largest batch (the last of --batches), on a frozen scene (random KV at cache
+  lengths uniform in [--scene-min, --scene-max], the mean cache length of the uniform run):
+    sweep     the Pallas attention kernel's blocking (keys per block, keys per program, warps, stages) and the
+              pure-JAX fallback, one layer's attention timed apart; the fastest kernel is used from then on.
+    breakdown the parts of one decode step timed apart (benchmarks/sampler_breakdown.py): layers without attention
+              ("unrolled" and "scan"), attention, KV writes, LM head + sampling, sampling alone, and the real decode
+              call per step with the best settings and with 1-2 variants (layer_loop="scan", the first run's
+              kernel blocking).
+    runs      the throughput table: "uniform" (every sequence generates --new-tokens) at every batch, and "varied"
+              at the largest (twice as many sequences as slots, lengths uniform in [new/16, new]: continuous
+              batching refills slots). Decode tokens/s, ms per decode step, and bandwidth utilisation = (weight bytes
+              + live KV bytes read) per step / step time / copy roofline.
+  bf16_gap    sampler log-probs (bf16) vs token_logprobs recomputed in bf16 and fp32 (first model; if time is left).
+Prints markdown tables for docs/LOG.md. --budget-s skips what no longer fits (recorded as skipped).
 """
 from __future__ import annotations
 
@@ -32,11 +41,17 @@ import traceback
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")   # leaves room for torch's CUDA context
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # sibling benchmark modules
 
 import numpy as np  # noqa: E402
 
-RESULTS: dict = {"runs": [], "hf": []}
+RESULTS: dict = {"copy": {}, "hf": [], "models": {}, "runs": []}
 START = time.perf_counter()
+OUT_PATH = ""
+
+# The first H200 run's kernel blocking (E's pallas_params: 128 keys per block, 16 programs per table, 8 warps,
+# 2 stages), kept as a variant.
+FIRST_RUN_BLOCKING = dict(block_tokens=128, split_tokens=-1, warps=8, stages=2)
 
 
 def elapsed() -> float:
@@ -53,26 +68,60 @@ def error_record(error: BaseException) -> dict:
             "trace": traceback.format_exc()[-1500:]}
 
 
+def save() -> None:
+    """Written after every measurement: a run cut short still leaves its results."""
+    RESULTS["elapsed_s"] = elapsed()
+    os.makedirs(os.path.dirname(os.path.abspath(OUT_PATH)), exist_ok=True)
+    with open(OUT_PATH, "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+
+
+def guarded(label: str, fn, *args, **kwargs) -> dict:
+    """Runs one measurement; any failure (OOM included) becomes an {"error": ...} record. Prints and saves."""
+    t0 = time.perf_counter()
+    try:
+        record = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a benchmark records failures and goes on
+        record = error_record(e)
+    record = dict(record) if isinstance(record, dict) else {"value": record}
+    record["wall_s"] = time.perf_counter() - t0
+    brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in record.items()
+             if k in ("ms_per_step", "tb_s", "roofline_fraction", "decode_tok_s", "step_ms", "error", "wall_s")}
+    print(f"[{label}] {brief} t={elapsed():.0f}s", flush=True)
+    gc.collect()
+    return record
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON results path")
     p.add_argument("--tiny", action="store_true", help="tiny config, small shapes: a CPU smoke run")
     p.add_argument("--configs", default="qwen2.5_1.5b,qwen2.5_7b")
-    p.add_argument("--batches", default="64,256", help="decode slots (concurrent sequences)")
+    p.add_argument("--batches", default="64,256,512", help="decode slots; the last is the largest")
     p.add_argument("--prompt-min", type=int, default=1024)
     p.add_argument("--prompt-max", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=2048)
     p.add_argument("--share", type=int, default=16, help="sequences per distinct prompt")
-    p.add_argument("--hf-new-tokens", type=int, default=64, help="0 = skip transformers")
+    p.add_argument("--hf-new-tokens", type=int, default=12, help="0 = skip transformers")
+    p.add_argument("--hf-batches", default="64,256")
     p.add_argument("--decode-steps", type=int, default=64)
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--attention", default="auto")
-    p.add_argument("--layer-unroll", type=int, default=1, help="SamplerConfig.layer_unroll (0 = fully unrolled)")
-    p.add_argument("--budget-s", type=float, default=320.0, help="skip remaining runs after this many seconds")
+    p.add_argument("--scene-min", type=int, default=1536, help="breakdown cache lengths (mean = uniform run's)")
+    p.add_argument("--scene-max", type=int, default=3584)
+    p.add_argument("--sweep", default="64:512:4:3,64:512:4:1,64:1024:4:3,64:256:4:3,64:2048:4:3,32:512:4:3,"
+                                      "32:1024:2:3,64:512:2:3,64:512:8:3,128:512:4:3,128:1024:8:3,16:1024:2:3,first",
+                   help="Pallas blockings block_tokens:split_tokens:warps:stages ('first' = the first run's)")
     p.add_argument("--no-varied", action="store_true")
+    p.add_argument("--varied-at", default="qwen2.5_7b=256",
+                   help="model=batch of the varied-lengths run (default: the largest batch)")
+    p.add_argument("--budget-s", type=float, default=390.0,
+                   help="skip what would end after this many seconds (runs are estimated from the breakdown)")
+    p.add_argument("--memory-headroom-gb", type=float, default=6.0,
+                   help="device memory left free when sizing the KV pool (activations, logits, workspace)")
     if p.parse_args(argv).tiny:              # tiny defaults; explicit flags still win
         p.set_defaults(configs="tiny", batches="4,8", prompt_min=16, prompt_max=48, new_tokens=32, share=2,
-                       hf_new_tokens=8, decode_steps=8)
+                       hf_new_tokens=6, hf_batches="4", decode_steps=8, scene_min=24, scene_max=40,
+                       sweep="16:32:4:2,first", memory_headroom_gb=0.0)
     return p.parse_args(argv)
 
 
@@ -81,24 +130,19 @@ def make_prompts(rng, count: int, share: int, low: int, high: int, vocab: int) -
     return [distinct[i // share] for i in range(count)]
 
 
-# ----------------------------------------------------------------------------------------------- sections
-def copy_bandwidth(tiny: bool) -> dict:
-    import jax
-    import jax.numpy as jnp
-
-    size = (64 if tiny else 4096) * 2**20
-    x = jnp.ones((size // 2,), jnp.bfloat16)
-    f = jax.jit(lambda a: a + 1)
-    jax.block_until_ready(f(x))
-    times = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x))
-        times.append(time.perf_counter() - t0)
-    median = float(np.median(times))
-    return {"bytes": 2 * size, "median_s": median, "tb_s": 2 * size / median / 1e12}
+def parse_blocking(text: str) -> dict:
+    if text == "first":
+        return dict(FIRST_RUN_BLOCKING)
+    block, split, warps, stages = (int(x) for x in text.split(":"))
+    return dict(block_tokens=block, split_tokens=split, warps=warps, stages=stages)
 
 
+def blocking_name(b: dict) -> str:
+    split = "table/16" if b["split_tokens"] < 0 else b["split_tokens"]
+    return f"block {b['block_tokens']} keys, split {split}, {b['warps']} warps, {b['stages']} stages"
+
+
+# ----------------------------------------------------------------------------------------------- transformers
 def hf_generate(config_name: str, batch: int, prompts: list[list[int]], new_tokens: int) -> dict:
     """transformers' generate on random bf16 weights of the same shapes; per-token decode rate."""
     import torch
@@ -112,18 +156,9 @@ def hf_generate(config_name: str, batch: int, prompts: list[list[int]], new_toke
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.Qwen2ForCausalLM._from_config(hf_config, dtype=torch.bfloat16).eval()
-    record = {"model": config_name, "device": device}
     try:
-        for attempt_batch in (batch, batch // 2):
-            try:
-                record.update(_hf_rates(model, prompts[:attempt_batch], new_tokens, device))
-                record["batch"] = attempt_batch
-                if attempt_batch != batch:
-                    record["note"] = f"batch {batch} ran out of memory; measured at {attempt_batch}"
-                break
-            except torch.OutOfMemoryError as e:
-                record["error_first_try"] = f"OOM at batch {attempt_batch}: {str(e)[:200]}"
-                torch.cuda.empty_cache()
+        record = {"model": config_name, "device": device, "batch": batch}
+        record.update(_hf_rates(model, prompts[:batch], new_tokens, device))
     finally:
         del model
         gc.collect()
@@ -176,25 +211,33 @@ def _hf_rates(model, prompts, new_tokens, device) -> dict:
             "end_to_end_tok_s": len(prompts) * new_tokens / total}
 
 
-def sampler_run(engine, params, prompts, max_new, seed, *, weight_bytes, kv_bytes_per_token, copy_tb_s) -> dict:
+# ----------------------------------------------------------------------------------------------- our sampler
+def sampler_run(engine, params, prompts, max_new, seed, *, weight_bytes, kv_bytes_per_token, roofline,
+                peak_flops=None) -> dict:
     import jax
 
     results, stats = engine.generate(params, prompts, max_new, seed)
     decode_tokens = stats.slot_steps_active
     step_s = stats.decode_s / max(1, stats.decode_steps)
-    bytes_per_step = weight_bytes + stats.kv_tokens_read * kv_bytes_per_token / max(1, stats.decode_steps)
-    device = jax.local_devices()[0]
-    memory = (device.memory_stats() or {}).get("peak_bytes_in_use")
-    return {
+    kv_bytes = stats.kv_tokens_read * kv_bytes_per_token / max(1, stats.decode_steps)
+    bytes_per_step = weight_bytes + kv_bytes
+    memory = (jax.local_devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    compute_aware = {}
+    if roofline and peak_flops:
+        # Every slot goes through the matmuls; at large batch they are compute-bound, not weight-streaming-bound.
+        flops = 2.0 * engine.model_config.matmul_param_count() * engine.config.max_slots
+        ideal_s = max(weight_bytes / (roofline * 1e12), flops / peak_flops) + kv_bytes / (roofline * 1e12)
+        compute_aware = {"matmul_tflop_per_step": flops / 1e12, "ideal_ms_compute_aware": 1e3 * ideal_s,
+                         "compute_aware_fraction": ideal_s / max(step_s, 1e-12)}
+    return {**compute_aware,
         "sequences": len(prompts), "generated_tokens": stats.generated_tokens,
         "mean_new_tokens": float(np.mean([len(r.tokens) for r in results])),
         "decode_tok_s": decode_tokens / max(stats.decode_s, 1e-9),
         "end_to_end_tok_s": stats.generated_tokens / max(stats.total_s, 1e-9),
         "step_ms": 1e3 * step_s, "decode_steps": stats.decode_steps, "decode_calls": stats.decode_calls,
-        "bytes_per_step_gb": bytes_per_step / 1e9,
-        "weight_gb": weight_bytes / 1e9,
+        "bytes_per_step_gb": bytes_per_step / 1e9, "weight_gb": weight_bytes / 1e9,
         "bandwidth_tb_s": bytes_per_step / max(step_s, 1e-12) / 1e12,
-        "roofline_fraction": bytes_per_step / max(step_s, 1e-12) / 1e12 / copy_tb_s if copy_tb_s else None,
+        "roofline_fraction": bytes_per_step / max(step_s, 1e-12) / 1e12 / roofline if roofline else None,
         "slot_occupancy": stats.slot_occupancy, "prefill_s": stats.prefill_s, "decode_s": stats.decode_s,
         "total_s": stats.total_s, "prefill_tokens": stats.prefill_tokens,
         "reused_prefix_tokens": stats.reused_prefix_tokens, "preemptions": stats.preemptions,
@@ -202,21 +245,230 @@ def sampler_run(engine, params, prompts, max_new, seed, *, weight_bytes, kv_byte
     }
 
 
-def bf16_gap(model, engine_cls, config_cls, args, rng) -> dict:
+class ModelBench:
+    """One model's measurements: pool sizing, sweep, breakdown, throughput runs."""
+
+    def __init__(self, name: str, args, roofline: float | None):
+        import jax
+
+        from kevin_jax import parallel
+        from kevin_jax.model import qwen2
+        from kevin_jax.model.shapes import named_config
+        from kevin_jax.sampler import SamplerConfig, kv_cache
+        from kevin_jax.sampler.engine import params_of
+
+        self.name, self.args, self.roofline = name, args, roofline
+        self.config = named_config(name)
+        one_device = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=jax.local_devices()[:1])
+        options = qwen2.ModelOptions(dtype="bfloat16", param_dtype="bfloat16", remat="none")
+        self.model = qwen2.init_sharded(self.config, options, one_device, seed=0)
+        self.params = params_of(self.model)
+        self.weight_bytes = self.config.matmul_param_count() * 2
+        self.layer_weight_bytes = self.config.num_hidden_layers * self.config.layer_param_count() * 2
+        self.batches = sorted(int(b) for b in args.batches.split(","))
+        self.largest = self.batches[-1]
+        self.max_seq_len = args.prompt_max + args.new_tokens
+        self.on_gpu = jax.default_backend() == "gpu"
+        page = args.page_size
+        bytes_per_page = kv_cache.make_geometry(self.config, pages_per_layer=2, page_size=page,
+                                                max_seq_len=self.max_seq_len).bytes_per_token(np.dtype("bfloat16"))
+        bytes_per_page *= page
+        dense = kv_cache.pages_for(self.largest * self.max_seq_len, page) + 1
+        # What the runs can hold at once: the distinct prompts plus every slot's generated tokens (and the pages
+        # taken a decode call ahead), or the breakdown's scene, whichever is larger; 10% spare.
+        import sampler_breakdown as parts
+        run_tokens = -(-self.largest // args.share) * args.prompt_max \
+            + self.largest * (args.new_tokens + 2 * args.decode_steps + page)
+        self.scene_lengths = np.random.default_rng(7).integers(args.scene_min, args.scene_max + 1, self.largest)
+        scene = parts.scene_pages(self.scene_lengths, 2 * args.decode_steps, page, args.share, args.prompt_min)
+        self.pages = min(dense, int(1.1 * max(kv_cache.pages_for(run_tokens, page), scene)) + 1)
+        stats = jax.local_devices()[0].memory_stats() or {}
+        if stats.get("bytes_limit"):
+            # Free memory minus the per-layer weight copies the unrolled decode makes and some headroom.
+            free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) - self.layer_weight_bytes \
+                - args.memory_headroom_gb * 1e9
+            self.pages = max(2, min(self.pages, int(free // bytes_per_page)))
+        self.pool_gb = self.pages * bytes_per_page / 1e9
+        self.base = SamplerConfig(temperature=0.9, max_slots=self.largest, max_seq_len=self.max_seq_len,
+                                  page_size=page, num_pages=self.pages, decode_steps=args.decode_steps,
+                                  attention="pallas" if self.on_gpu else "xla", layer_loop="unrolled")
+        self.record = RESULTS["models"].setdefault(name, {})
+        self.record.update(pool_pages=self.pages, pool_gb=self.pool_gb, dense_pages=dense,
+                           weight_gb=self.weight_bytes / 1e9, layer_weight_gb=self.layer_weight_bytes / 1e9)
+        print(f"[{name}] pool {self.pages} pages/layer = {self.pool_gb:.1f} GB (dense worst case {dense} pages)",
+              flush=True)
+
+    def engine(self, **changes):
+        from kevin_jax.sampler import SamplerEngine
+        return SamplerEngine(self.model, self.base.replace(**changes))
+
+    def blocking_config(self, blocking: dict) -> dict:
+        """SamplerConfig fields for a blocking; 'first' (split_tokens < 0) = 16 programs per table."""
+        from kevin_jax.sampler import kv_cache
+        split = blocking["split_tokens"]
+        if split < 0:
+            width = kv_cache.table_width_for(self.max_seq_len, self.args.page_size)
+            split = width * self.args.page_size // 16
+        return dict(attention_block_tokens=blocking["block_tokens"], attention_split_tokens=split,
+                    attention_warps=blocking["warps"], attention_stages=blocking["stages"])
+
+    # ------------------------------------------------------------------ sweep + breakdown at the largest batch
+    def scene_sections(self, blockings: list[str], with_xla: bool, variants: list[str]) -> dict:
+        """Attention sweep and step breakdown at the largest batch; returns the best SamplerConfig changes."""
+        import dataclasses
+
+        import sampler_breakdown as parts
+        from kevin_jax.sampler import kv_cache
+
+        args = self.args
+        engine = self.engine()
+        weights = engine.functions.prepare(self.params)
+        lengths = self.scene_lengths
+        scene = parts.make_scene(self.model, self.params, weights, engine.geometry, lengths,
+                                 headroom=2 * args.decode_steps, dtype=engine.dtype, share=args.share,
+                                 shared_tokens=args.prompt_min)
+        self.record["scene"] = {"batch": self.largest, "mean_cache_len": float(lengths.mean()),
+                                "kv_gb_per_step": scene.kv_bytes_per_layer() * self.config.num_hidden_layers / 1e9}
+        best = {}
+        # 1. attention sweep (one layer timed, x layers)
+        sweep = self.record["sweep"] = []
+        impls = [("pallas", text) for text in blockings] if self.on_gpu or args.tiny else []
+        impls += [("xla", None)] if with_xla or not self.on_gpu else []
+        for impl, text in impls:
+            blocking = parse_blocking(text) if text else None
+            label = "xla (pure JAX)" if impl == "xla" else blocking_name(blocking)
+            if elapsed() > args.budget_s:
+                sweep.append({"impl": impl, "label": label, "error": "skipped: time budget"})
+                continue
+            changes = self.blocking_config(blocking) if blocking else {}
+            params = kv_cache.pallas_params(
+                engine.geometry, interpret=not self.on_gpu, block_tokens=changes["attention_block_tokens"],
+                split_tokens=changes["attention_split_tokens"], warps=changes["attention_warps"],
+                stages=changes["attention_stages"]) if blocking else None
+            record = guarded(f"{self.name} attention {label}", parts.attention_part, scene, impl, params,
+                             self.roofline)
+            record.update(impl=impl, blocking=text, label=label,
+                          params=dataclasses.asdict(params) if params else None, config=changes)
+            sweep.append(record)
+            save()
+        pallas_timed = sorted((r for r in sweep if "ms_per_step" in r and r["impl"] == "pallas"),
+                              key=lambda r: r["ms_per_step"])
+        self.record["sweep_order"] = [r["blocking"] for r in pallas_timed]
+        if pallas_timed:
+            best = dict(pallas_timed[0]["config"])
+            self.record["best_attention"] = pallas_timed[0]["label"]
+        # 2. parts of a step
+        parts_record = self.record["breakdown"] = {}
+        fastest = min((r for r in sweep if "ms_per_step" in r), key=lambda r: r["ms_per_step"], default=None)
+        if fastest:
+            parts_record[f"attention ({fastest['label']})"] = fastest
+        jobs = [
+            ("layers, unrolled (no attention)", parts.layers_part, (scene, "unrolled", self.roofline,
+                                                                    self.layer_weight_bytes)),
+            ("layers, scan (no attention)", parts.layers_part, (scene, "scan", self.roofline,
+                                                                self.layer_weight_bytes)),
+            ("kv write", parts.kv_write_part, (scene, self.roofline)),
+            ("lm head + sampling", parts.sample_part, (scene, 0.9, self.roofline, True)),
+            ("sampling alone", parts.sample_part, (scene, 0.9, self.roofline, False)),
+        ]
+        for label, fn, fn_args in jobs:
+            if elapsed() > args.budget_s:
+                parts_record[label] = {"error": "skipped: time budget"}
+                continue
+            parts_record[label] = guarded(f"{self.name} {label}", fn, *fn_args)
+            save()
+        # 3. the real decode call: best settings, then the variants of the most uncertain knobs
+        del engine
+        gc.collect()
+        steps = [("step: best (unrolled layers, best kernel)", best)]
+        if "scan" in variants:
+            steps.append(("step: variant layer_loop=scan", dict(best, layer_loop="scan")))
+        if "first" in variants and self.on_gpu:
+            steps.append(("step: variant first-run kernel blocking", self.blocking_config(dict(FIRST_RUN_BLOCKING))))
+        for label, changes in steps:
+            if elapsed() > args.budget_s:
+                parts_record[label] = {"error": "skipped: time budget"}
+                continue
+            parts_record[label] = guarded(f"{self.name} {label}", self._step, scene, changes)
+            parts_record[label]["config"] = changes
+            save()
+        del scene, weights
+        gc.collect()
+        return best
+
+    def _step(self, scene, changes):
+        import sampler_breakdown as parts
+        return parts.step_part(scene, self.engine(**changes), self.roofline, self.weight_bytes)
+
+    # ------------------------------------------------------------------ throughput runs
+    def estimate_s(self, batch: int, steps: int) -> float:
+        """Rough duration of a run, from the breakdown's step time at the largest batch (weights + batch-linear)."""
+        step = self.record.get("breakdown", {}).get("step: best (unrolled layers, best kernel)", {})
+        ms = step.get("ms_per_step")
+        if not ms:                                                 # no breakdown: assume 2 TB/s
+            kv = self.record.get("scene", {}).get("kv_gb_per_step", 0.0)
+            ms = (self.weight_bytes / 1e9 + kv) / 2.0
+        weights_ms = self.weight_bytes / 1e12 / (self.roofline or 2.0) * 1e3
+        scaled = weights_ms + (ms - weights_ms) * batch / self.largest
+        return steps * scaled / 1e3 + 15.0                          # + compile and prefill
+
+    def runs(self, best: dict, prompt_sets: dict, varied_batch: int) -> None:
+        args = self.args
+        order = [self.largest] + [b for b in reversed(self.batches) if b != self.largest]
+        for batch in order:
+            scenarios = [("uniform", prompt_sets[batch], args.new_tokens, args.new_tokens)]
+            if batch == varied_batch and not args.no_varied:
+                varied = prompt_sets["varied"][:2 * batch]
+                lengths = np.random.default_rng(2).integers(args.new_tokens // 16, args.new_tokens + 1, len(varied))
+                scenarios.append(("varied", varied, lengths.tolist(), int(1.8 * args.new_tokens)))
+            engine = None
+            for scenario, prompts, max_new, expected_steps in scenarios:
+                record = {"model": self.name, "batch": batch, "scenario": scenario, "config": best}
+                estimate = self.estimate_s(batch, expected_steps)
+                if elapsed() + estimate > args.budget_s:
+                    record["error"] = (f"skipped: would end at ~{elapsed() + estimate:.0f}s, past the "
+                                       f"{args.budget_s:.0f}s budget")
+                else:
+                    try:
+                        if engine is None:
+                            engine = self.engine(max_slots=batch, **best)
+                            t0 = time.perf_counter()
+                            engine.generate(self.params, prompts[:batch], 2, seed=0)   # compiles prefill + decode
+                            record["warmup_s"] = time.perf_counter() - t0
+                        record["attention"] = engine.decode_impl
+                        record.update(sampler_run(
+                            engine, self.params, prompts, max_new, seed=1, weight_bytes=self.weight_bytes,
+                            kv_bytes_per_token=engine.geometry.bytes_per_token(engine.dtype),
+                            roofline=self.roofline, peak_flops=RESULTS.get("peak_flops")))
+                    except Exception as e:  # noqa: BLE001 - e.g. an OOM in this configuration only
+                        record.update(error_record(e))
+                RESULTS["runs"].append(record)
+                print(f"[run] {self.name} batch {batch} {scenario}: "
+                      f"{ {k: record.get(k) for k in ('decode_tok_s', 'step_ms', 'roofline_fraction', 'error')} } "
+                      f"t={elapsed():.0f}s", flush=True)
+                save()
+            if engine is not None:
+                engine.release_memory()
+            del engine
+            gc.collect()
+
+
+def bf16_gap(bench: ModelBench, args, rng) -> dict:
     """Sampler log-probs vs the policy's forward recomputation in bf16 and in fp32 (same weights)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from kevin_jax.model import qwen2
-    from kevin_jax.sampler.engine import params_of
+    from kevin_jax.sampler import SamplerConfig, SamplerEngine
 
+    model = bench.model
     count, new = (4, 16) if args.tiny else (16, 256)
     length = min(512, args.prompt_max)
     prompts = make_prompts(rng, count, 4, length // 2, length, model.config.vocab_size)
-    config = config_cls(temperature=0.9, max_slots=count, max_seq_len=length + new, page_size=args.page_size,
-                        decode_steps=args.decode_steps, attention=args.attention)
-    results, _ = engine_cls(model, config).generate(params_of(model), prompts, new, seed=3)
+    config = SamplerConfig(temperature=0.9, max_slots=count, max_seq_len=length + new, page_size=args.page_size,
+                           decode_steps=args.decode_steps, attention=bench.base.attention)
+    results, _ = SamplerEngine(model, config).generate(bench.params, prompts, new, seed=3)
     width = length + new
     tokens = np.zeros((count, width), np.int32)
     segments = np.zeros((count, width), np.int32)
@@ -230,7 +482,7 @@ def bf16_gap(model, engine_cls, config_cls, args, rng) -> dict:
         graphdef = nnx.split(qwen2.abstract_model(model.config, options))[0]
         recompute = jax.jit(lambda s, t, seg, tg: nnx.merge(graphdef, s).token_logprobs(
             t, None, seg, tg, chunk_size=256, temperature=0.9, right_padded=True))
-        lp = np.asarray(recompute(params_of(model), jnp.asarray(tokens), jnp.asarray(segments), jnp.asarray(targets)))
+        lp = np.asarray(recompute(bench.params, jnp.asarray(tokens), jnp.asarray(segments), jnp.asarray(targets)))
         gaps = np.concatenate([np.asarray(r.logprobs) - lp[i, len(p) - 1:len(p) - 1 + len(r.tokens)]
                                for i, (p, r) in enumerate(zip(prompts, results))])
         out[name] = {"mean_abs": float(np.mean(np.abs(gaps))), "max_abs": float(np.max(np.abs(gaps))),
@@ -241,10 +493,11 @@ def bf16_gap(model, engine_cls, config_cls, args, rng) -> dict:
 
 # ----------------------------------------------------------------------------------------------- main
 def main(argv=None):
+    global OUT_PATH
     args = parse_args(argv)
+    OUT_PATH = args.out
     configs = args.configs.split(",")
     batches = sorted(int(b) for b in args.batches.split(","))
-    rng = np.random.default_rng(0)
     from kevin_jax.model.shapes import named_config
 
     prompt_sets = {}
@@ -255,195 +508,161 @@ def main(argv=None):
         prompt_sets[name]["varied"] = make_prompts(np.random.default_rng(1), 2 * batches[-1], args.share,
                                                    args.prompt_min, args.prompt_max, vocab)
 
-    # transformers first: JAX takes most of the device memory once it starts.
-    if args.hf_new_tokens > 0:
-        for name in configs:
-            for batch in batches:
-                t0 = time.perf_counter()
-                try:
-                    record = hf_generate(name, batch, prompt_sets[name][batch], args.hf_new_tokens)
-                except Exception as e:  # noqa: BLE001 - a benchmark records failures and goes on
-                    record = {"model": name, "batch": batch, **error_record(e)}
-                record.update(requested_batch=batch, seconds=time.perf_counter() - t0)
-                RESULTS["hf"].append(record)
-                print(f"[hf] {name} batch {batch}: {record.get('decode_tok_s', record.get('error'))} "
-                      f"({record['seconds']:.0f}s)", flush=True)
-        try:
-            import torch
+    # torch first (copy roofline, transformers): JAX takes most of the device memory once it starts.
+    import bandwidth
 
-            torch.cuda.empty_cache()
-        except Exception:  # noqa: BLE001
-            pass
+    RESULTS["copy"]["torch"] = guarded("copy torch", bandwidth.torch_copy)
+    save()
+    if args.hf_new_tokens > 0:
+        hf_batches = sorted(int(b) for b in args.hf_batches.split(","))
+        for name in configs:
+            for batch in hf_batches:
+                record = guarded(f"hf {name} batch {batch}", hf_generate, name, batch,
+                                 prompt_sets[name].get(batch) or make_prompts(
+                                     np.random.default_rng(batch), batch, args.share, args.prompt_min,
+                                     args.prompt_max, named_config(name).vocab_size), args.hf_new_tokens)
+                record.update(model=name, batch=batch)
+                RESULTS["hf"].append(record)
+                save()
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
 
     import jax
-
-    from kevin_jax import parallel
-    from kevin_jax.model import qwen2
-    from kevin_jax.sampler import SamplerConfig, SamplerEngine, kv_cache
-    from kevin_jax.sampler.engine import params_of
 
     RESULTS["env"] = {"jax": jax.__version__, "backend": jax.default_backend(),
                       "device": str(jax.local_devices()[0].device_kind), "python": platform.python_version(),
                       "args": vars(args)}
-    try:
-        RESULTS["copy"] = copy_bandwidth(args.tiny)
-    except Exception as e:  # noqa: BLE001
-        RESULTS["copy"] = error_record(e)
-    copy_tb_s = RESULTS["copy"].get("tb_s")
-    print(f"[copy] {RESULTS['copy']}", flush=True)
+    RESULTS["copy"]["jax"] = guarded("copy jax", bandwidth.jax_elementwise,
+                                     sizes_gib=(0.0625,) if args.tiny else (1.0, 2.0), old_method=not args.tiny)
+    save()
+    RESULTS["matmul"] = guarded("matmul jax", bandwidth.jax_matmul, size=512 if args.tiny else 8192)
+    roofline = RESULTS["copy"]["torch"].get("tb_s") or RESULTS["copy"]["jax"].get("tb_s")
+    RESULTS["roofline_tb_s"] = roofline
+    RESULTS["peak_flops"] = RESULTS["matmul"].get("tflop_s", 0) * 1e12 or None
+    import sampler_breakdown
 
-    max_seq_len = args.prompt_max + args.new_tokens
+    sampler_breakdown.PEAK_FLOPS = RESULTS["peak_flops"]
+    print(f"[copy] roofline {roofline} TB/s (torch {RESULTS['copy']['torch'].get('tb_s')}, "
+          f"jax {RESULTS['copy']['jax'].get('tb_s')})", flush=True)
 
-    def build_model(name):
-        one_device = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=jax.local_devices()[:1])
-        options = qwen2.ModelOptions(dtype="bfloat16", param_dtype="bfloat16", remat="none")
-        return qwen2.init_sharded(named_config(name), options, one_device, seed=0)
-
-    for name in configs:
-        config = named_config(name)
-        try:
-            model = build_model(name)
-        except Exception as e:  # noqa: BLE001
-            RESULTS["runs"].append({"model": name, **error_record(e)})
+    varied_at = dict(item.split("=") for item in args.varied_at.split(",") if item)
+    first_order: list[str] = []
+    for index, name in enumerate(configs):
+        if elapsed() > args.budget_s:
+            RESULTS["models"].setdefault(name, {})["error"] = "skipped: time budget"
             continue
-        params = params_of(model)
-        weight_bytes = config.matmul_param_count() * 2
-        pages = kv_cache.pages_for(batches[-1] * max_seq_len, args.page_size) + 1
-        for batch in batches:
-            scenarios = [("uniform", prompt_sets[name][batch], args.new_tokens)]
-            if batch == batches[-1] and not args.no_varied:
-                varied = prompt_sets[name]["varied"]
-                lengths = np.random.default_rng(2).integers(args.new_tokens // 16, args.new_tokens + 1, len(varied))
-                scenarios.append(("varied", varied, lengths.tolist()))
-            if elapsed() > args.budget_s:
-                for scenario, _, _ in scenarios:
-                    RESULTS["runs"].append({"model": name, "batch": batch, "scenario": scenario,
-                                            "error": f"skipped: time budget {args.budget_s:.0f}s spent"})
-                continue
-            engine = None
-            try:
-                sampler_config = SamplerConfig(temperature=0.9, max_slots=batch, max_seq_len=max_seq_len,
-                                               page_size=args.page_size, num_pages=pages,
-                                               decode_steps=args.decode_steps, attention=args.attention,
-                                               layer_unroll=args.layer_unroll or True)
-                engine = SamplerEngine(model, sampler_config)
-                t0 = time.perf_counter()
-                engine.generate(params, scenarios[0][1], 2, seed=0)          # compiles prefill buckets + decode
-                compile_s = time.perf_counter() - t0
-                for scenario, prompts, max_new in scenarios:
-                    record = {"model": name, "batch": batch, "scenario": scenario,
-                              "attention": engine.decode_impl, "warmup_s": compile_s}
-                    try:
-                        record.update(sampler_run(
-                            engine, params, prompts, max_new, seed=1, weight_bytes=weight_bytes,
-                            kv_bytes_per_token=engine.geometry.bytes_per_token(engine.dtype), copy_tb_s=copy_tb_s))
-                    except Exception as e:  # noqa: BLE001 - e.g. an OOM in this configuration only
-                        record.update(error_record(e))
-                    RESULTS["runs"].append(record)
-                    print(f"[run] {name} batch {batch} {scenario}: "
-                          f"{ {k: record.get(k) for k in ('decode_tok_s', 'step_ms', 'roofline_fraction', 'error')} } "
-                          f"t={elapsed():.0f}s", flush=True)
-                    save(args.out)
-            except Exception as e:  # noqa: BLE001
-                RESULTS["runs"].append({"model": name, "batch": batch, **error_record(e)})
-                print(f"[run] {name} batch {batch}: {RESULTS['runs'][-1]['error']}", flush=True)
-            finally:
-                if engine is not None:
-                    engine.release_memory()                               # the next batch size gets the memory
-                del engine
-                gc.collect()
-        del model, params
-        gc.collect()
-
-    # Extras on the first model, only if time is left (the main table comes first).
-    if elapsed() < args.budget_s - 60:
-        model = build_model(configs[0])
         try:
-            RESULTS["bf16_gap"] = bf16_gap(model, SamplerEngine, SamplerConfig, args, rng)
+            bench = ModelBench(name, args, roofline)
         except Exception as e:  # noqa: BLE001
-            RESULTS["bf16_gap"] = error_record(e)
-        print(f"[bf16_gap] {RESULTS['bf16_gap']}", flush=True)
-        save(args.out)
-        if elapsed() < args.budget_s - 30 and jax.default_backend() == "gpu":
-            base = SamplerConfig(temperature=0.9, max_slots=batches[-1], max_seq_len=max_seq_len,
-                                 page_size=args.page_size, decode_steps=args.decode_steps,
-                                 layer_unroll=args.layer_unroll or True,
-                                 num_pages=kv_cache.pages_for(batches[-1] * max_seq_len, args.page_size) + 1)
-            RESULTS["attention"] = compare_attention(
-                model, params_of(model), base, prompt_sets[configs[0]][batches[-1]], args,
-                named_config(configs[0]).matmul_param_count() * 2, copy_tb_s)
-            print(f"[attention] {RESULTS['attention']}", flush=True)
-        del model
+            RESULTS["models"].setdefault(name, {}).update(error_record(e))
+            print(f"[{name}] {RESULTS['models'][name]['error']}", flush=True)
+            continue
+        # The first model gets the whole sweep and every variant; later ones its 3 best blockings and the
+        # first run's, and the layer-loop variant.
+        blockings = args.sweep.split(",")
+        if index > 0 and first_order:
+            blockings = list(dict.fromkeys(first_order[:3] + ["first"]))
+        try:
+            best = bench.scene_sections(blockings, with_xla=index == 0,
+                                        variants=["scan", "first"] if index == 0 else ["scan"])
+            if index == 0:
+                first_order = bench.record.get("sweep_order", [])
+        except Exception as e:  # noqa: BLE001 - e.g. the scene does not fit: the table still runs
+            bench.record["scene_error"] = error_record(e)
+            print(f"[{name}] scene sections failed: {bench.record['scene_error']['error']}", flush=True)
+            best = {}
+        bench.record["chosen_config"] = best
+        save()
+        bench.runs(best, prompt_sets[name], int(varied_at.get(name, bench.largest)))
+        del bench
         gc.collect()
+    if configs and elapsed() < args.budget_s - 30 and "error" not in RESULTS["models"].get(configs[0], {}):
+        bench = ModelBench(configs[0], args, roofline)
+        RESULTS["bf16_gap"] = guarded(f"{configs[0]} bf16 gap", bf16_gap, bench, args, np.random.default_rng(0))
+        del bench
+        save()
 
-    RESULTS["elapsed_s"] = elapsed()
-    save(args.out)
-    print(table(RESULTS))
+    save()
+    print(tables(RESULTS))
     print(f"wrote {args.out} ({elapsed():.0f}s)")
 
 
-def save(path: str) -> None:
-    """Written after every measurement: a run cut short still leaves its results."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
-
-
-def compare_attention(model, params, base_config, prompts, args, weight_bytes, copy_tb_s) -> dict:
-    """Decode tokens/s of the Pallas kernel and of the pure-JAX fallback on the same shapes (256 new tokens)."""
-    from kevin_jax.sampler import SamplerEngine
-
-    out = {}
-    new = min(256, args.new_tokens)
-    for impl in ("pallas", "xla"):
-        other = None
-        try:
-            other = SamplerEngine(model, base_config.replace(attention=impl))
-            other.generate(params, prompts, 2, seed=0)
-            out[impl] = sampler_run(other, params, prompts, new, seed=1, weight_bytes=weight_bytes,
-                                    kv_bytes_per_token=other.geometry.bytes_per_token(other.dtype),
-                                    copy_tb_s=copy_tb_s)
-        except Exception as e:  # noqa: BLE001
-            out[impl] = error_record(e)
-        finally:
-            if other is not None:
-                other.release_memory()
-    return out
-
-
-def table(results: dict) -> str:
-    copy = results.get("copy", {}).get("tb_s")
-    hf = {(r.get("model"), r.get("requested_batch")): r for r in results.get("hf", [])}
-    lines = [f"copy bandwidth {copy:.2f} TB/s (read+write)" if copy else "copy bandwidth: n/a", "",
-             "| model | batch | scenario | decode tok/s | ms/step | GB/step (weights+KV) | % of copy roofline | "
-             "occupancy | prefill s | HF decode tok/s | x HF | peak GB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def tables(results: dict) -> str:
+    roofline = results.get("roofline_tb_s")
+    copy = results.get("copy", {})
+    jax_copy = copy.get("jax", {})
+    matmul = results.get("matmul", {})
+    lines = [f"bf16 matmul (jax, {matmul.get('size')}^3): {matmul.get('tflop_s') or float('nan'):.0f} TFLOP/s; "
+             f"copy roofline: torch copy_ {copy.get('torch', {}).get('tb_s') or float('nan'):.2f} TB/s; "
+             f"JAX elementwise {jax_copy.get('tb_s') or float('nan'):.2f} TB/s "
+             f"({jax_copy.get('best', {}).get('dtype')}, {jax_copy.get('best', {}).get('gib')} GiB); "
+             f"first run's method {jax_copy.get('old_method', {}).get('tb_s') or float('nan'):.2f} TB/s. "
+             f"Roofline used: {roofline or float('nan'):.2f} TB/s", ""]
+    for name, m in results.get("models", {}).items():
+        scene = m.get("scene", {})
+        lines += [f"{name}: breakdown of one decode step at batch {scene.get('batch')}, mean cache "
+                  f"{scene.get('mean_cache_len', 0):.0f} tokens (KV {scene.get('kv_gb_per_step', 0):.1f} GB/step, "
+                  f"weights {m.get('weight_gb', 0):.2f} GB); pool {m.get('pool_gb', 0):.0f} GB",
+                  "", "| part | ms/step | GB/step (ideal bytes) | TB/s | % of roofline | compute-aware ideal ms | "
+                  "% of compute-aware ideal |", "|---|---|---|---|---|---|---|"]
+        for label, r in m.get("breakdown", {}).items():
+            lines.append(_part_row(label, r))
+        lines += ["", f"{name}: attention kernel sweep (one layer timed, x layers; best: {m.get('best_attention')})",
+                  "", "| kernel | ms/step | TB/s | % of roofline | compile s |", "|---|---|---|---|---|"]
+        for r in m.get("sweep", []):
+            label = r.get("label") or r.get("impl")
+            if "error" in r:
+                lines.append(f"| {label} | {r['error'][:90]} | | | |")
+            else:
+                lines.append(f"| {label} | {r['ms_per_step']:.2f} | {r.get('tb_s', 0):.2f} | "
+                             f"{100 * r.get('roofline_fraction', 0):.0f}% | {r.get('compile_s', 0):.1f} |")
+        lines.append("")
+    hf = {(r.get("model"), r.get("batch")): r for r in results.get("hf", [])}
+    lines += [f"throughput (roofline {roofline or float('nan'):.2f} TB/s)", "",
+              "| model | batch | scenario | decode tok/s | ms/step | GB/step (weights+KV) | % of roofline | "
+              "% of compute-aware ideal | occupancy | prefill s | HF decode tok/s | x HF | peak GB | preemptions |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.get("runs", []):
         if "error" in r:
-            lines.append(f"| {r.get('model')} | {r.get('batch')} | {r.get('scenario', '')} | {r['error'][:80]} |"
-                         + " |" * 8)
+            lines.append(f"| {r.get('model')} | {r.get('batch')} | {r.get('scenario', '')} | {r['error'][:90]} |"
+                         + " |" * 10)
             continue
-        h = hf.get((r["model"], r["batch"]), {})
+        h = hf.get((r["model"], r["batch"])) or max(
+            (v for (m, _), v in hf.items() if m == r["model"] and v.get("decode_tok_s")),
+            key=lambda v: v["batch"], default={})
         hf_rate = h.get("decode_tok_s")
         ratio = f"{r['decode_tok_s'] / hf_rate:.1f}" if hf_rate else "n/a"
-        hf_text = f"{hf_rate:.0f}" + (f" (batch {h['batch']})" if h.get("batch") != r["batch"] else "") \
-            if hf_rate else str(h.get("error", "n/a"))[:40]
+        hf_text = (f"{hf_rate:.0f}" + (f" (batch {h['batch']})" if h.get("batch") != r["batch"] else "")
+                   if hf_rate else str(h.get("error", "n/a"))[:40])
         roof = f"{100 * r['roofline_fraction']:.0f}%" if r.get("roofline_fraction") else "n/a"
         peak = f"{r['peak_device_gb']:.0f}" if r.get("peak_device_gb") else "n/a"
+        aware = f"{100 * r['compute_aware_fraction']:.0f}%" if r.get("compute_aware_fraction") else "n/a"
         lines.append(f"| {r['model']} | {r['batch']} | {r['scenario']} | {r['decode_tok_s']:.0f} | "
-                     f"{r['step_ms']:.2f} | {r['bytes_per_step_gb']:.2f} | {roof} | {r['slot_occupancy']:.2f} | "
-                     f"{r['prefill_s']:.1f} | {hf_text} | {ratio} | {peak} |")
+                     f"{r['step_ms']:.2f} | {r['bytes_per_step_gb']:.2f} | {roof} | {aware} | "
+                     f"{r['slot_occupancy']:.2f} | "
+                     f"{r['prefill_s']:.1f} | {hf_text} | {ratio} | {peak} | {r.get('preemptions', 0)} |")
     gap = results.get("bf16_gap")
     if gap and "error" not in gap:
         lines += ["", "bf16 log-prob gap (sampler - recomputed token_logprobs, T=0.9): " + "; ".join(
             f"vs {k} forward: mean |d| {v['mean_abs']:.4f}, p99 {v['p99_abs']:.4f}, max {v['max_abs']:.4f}, "
-            f"mean ratio-1 {v['mean_ratio_minus_1']:+.4f} over {v['tokens']} tokens" for k, v in gap.items())]
-    att = results.get("attention")
-    if att:
-        lines += ["", "decode attention (256 new tokens): " + "; ".join(
-            f"{k}: {v['decode_tok_s']:.0f} tok/s, {v['step_ms']:.2f} ms/step"
-            if "error" not in v else f"{k}: {v['error'][:80]}" for k, v in att.items())]
+            f"mean ratio-1 {v['mean_ratio_minus_1']:+.4f} over {v['tokens']} tokens"
+            for k, v in gap.items() if isinstance(v, dict))]
     return "\n".join(lines)
+
+
+def _part_row(label: str, r: dict) -> str:
+    if "error" in r:
+        return f"| {label} | {r['error'][:90]} | | | | | |"
+    tb = f"{r['tb_s']:.2f}" if r.get("tb_s") else ""
+    roof = f"{100 * r['roofline_fraction']:.0f}%" if r.get("roofline_fraction") else ""
+    ideal = f"{r['ideal_ms_compute_aware']:.2f}" if r.get("ideal_ms_compute_aware") else ""
+    aware = f"{100 * r['compute_aware_fraction']:.0f}%" if r.get("compute_aware_fraction") else ""
+    return (f"| {label} | {r['ms_per_step']:.2f} | {r.get('bytes_per_step_gb', 0):.2f} | {tb} | {roof} | {ideal} | "
+            f"{aware} |")
 
 
 if __name__ == "__main__":

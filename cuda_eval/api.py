@@ -209,8 +209,13 @@ def crash_message(outcome) -> str:
     return text
 
 
-def _useful_stderr(stderr: str, max_lines: int = 12) -> str:
-    lines = [line for line in (stderr or "").splitlines() if line.strip()]
+def _useful_stderr(stderr: str, max_lines: int = 12, *, startup: bool = False) -> str:
+    """The last lines of a worker's stderr. The worker's own start-up milestones ("[cuda_eval.worker ...") are
+    dropped from what a model sees, and kept (with more lines: a hang's stack dump) when start-up itself failed."""
+    lines = [line for line in (stderr or "").splitlines()
+             if line.strip() and (startup or not line.startswith("[cuda_eval.worker "))]
+    if startup:
+        return "\n".join(lines[-60:])[-6000:]
     return "\n".join(lines[-max_lines:])[-1500:]
 
 
@@ -420,7 +425,8 @@ class Evaluator:
                       timer=info.get("timer"), run_started_at=outcome.started_at)
         w = outcome.result
         if outcome.start_failed:
-            self._internal_error(state, "the worker process failed to start:\n" + _useful_stderr(outcome.stderr_tail))
+            self._internal_error(state, "the worker process failed to start:\n"
+                                 + _useful_stderr(outcome.stderr_tail, startup=True))
             return None
         if w is None:
             r.correct = False

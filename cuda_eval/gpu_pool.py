@@ -165,7 +165,8 @@ class GpuPool:
         env["CUDA_VISIBLE_DEVICES"] = _physical_device(device) if cfg.device_type == "cuda" else ""
         env.update(cfg.extra_env)
         argv = [cfg.python, "-m", "cuda_eval.worker", "--device-type", cfg.device_type,
-                "--cpu-threads", str(cfg.cpu_threads), "--device-lock", self._lock_file(device)]
+                "--cpu-threads", str(cfg.cpu_threads), "--device-lock", self._lock_file(device),
+                "--start-timeout", f"{max(1.0, cfg.start_timeout_s - 3.0):.1f}"]
         # The wall limit here only bounds a worker nobody ever hands a job (wait() applies the job's own timeout).
         limits = self._limits(cfg, cfg.start_timeout_s + 24 * 3600)
         process = self._spawn(argv, workdir, limits, env)
@@ -293,7 +294,7 @@ def _collect(worker: _Worker, device: str, res: dict) -> WorkerOutcome:
 
     return WorkerOutcome(result=load("result.json"), device=device, exit_code=res.get("exit_code"),
                          signal=res.get("signal"), timed_out=bool(res.get("timed_out")), progress=load("progress.json"),
-                         stderr_tail=_text(res.get("stderr"))[-4000:], stdout_tail=_text(res.get("stdout"))[-2000:],
+                         stderr_tail=_text(res.get("stderr"))[-8000:], stdout_tail=_text(res.get("stdout"))[-2000:],
                          worker_info=worker.info)
 
 

@@ -250,8 +250,11 @@ def _base_env(workdir: str, env_allow: Iterable[str], extra_env: Mapping[str, st
     py_dir = os.path.dirname(sys.executable)
     if py_dir not in env["PATH"].split(os.pathsep):
         env["PATH"] = py_dir + os.pathsep + env["PATH"]
+    # Sandbox uids have no passwd entry: getpass.getuser() (torch._dynamo's import calls it for its cache dir)
+    # raises KeyError unless USER/LOGNAME name someone; and torch's caches belong in the confined work dir.
     env.update(HOME=workdir, TMPDIR=workdir, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
-               LANG=env.get("LANG", "C.UTF-8"))
+               LANG=env.get("LANG", "C.UTF-8"), USER="cuda_eval_sandbox", LOGNAME="cuda_eval_sandbox",
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, ".torchinductor"))
     pythonpath = [PACKAGE_PARENT]
     for k, v in extra_env.items():
         if k == "PYTHONPATH":

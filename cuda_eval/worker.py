@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
+import faulthandler
 import fcntl
 import importlib
 import json
@@ -57,6 +58,8 @@ _os_replace = os.replace
 _cuda_synchronize = torch.cuda.synchronize
 _manual_seed = torch.manual_seed
 TASK_MODULE = "kernelbench_task"
+TRACE_CALLS = 8               # forward calls in the unsynced-stream check (see JobRunner.trace_kernels)
+TRACE_REPEAT_MAX_MS = 25.0    # slower candidates are called once there (their side-stream work is long anyway)
 CANDIDATE_MODULE = "kernelbench_candidate"
 MAX_ERROR_CHARS = 2500
 
@@ -137,7 +140,9 @@ class Device:
         self.lock_path = lock_path
         torch.set_grad_enabled(False)  # KernelBench evaluates under no_grad
         self._warm_up_host()
+        _phase("host warm-up done; waiting for the device lock")
         with self.exclusive():
+            _phase("device lock held")
             self._init_device(device_type, cpu_threads)
 
     @contextlib.contextmanager
@@ -168,6 +173,7 @@ class Device:
             torch.cuda.init()
             torch.empty(1, device="cuda").fill_(0)
             torch.cuda.synchronize()
+            _phase("CUDA context up")
             self.torch_device = torch.device("cuda", 0)
             props = torch.cuda.get_device_properties(0)
             self.name = props.name
@@ -189,7 +195,9 @@ class Device:
             torch.randn(4)
         if self.type == "cuda":  # timer dlopen + scratch buffer, allocator snapshot, CUPTI: first uses are slow
             self.timer.time(lambda: None, warmup=1, reps=2, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
+            _phase(f"timer {self.info['timer']} works")
             dynamic_checks.poison_free_memory("cuda")
+            _phase("free memory poisoned; starting the kernel trace (CUPTI)")
             try:
                 with dynamic_checks.KernelTrace():
                     torch.ones(8, device="cuda").add_(1)
@@ -572,13 +580,25 @@ class JobRunner:
             self.flag("cached_output", "after the inputs were overwritten in place (same addresses), the output "
                                        f"did not follow: {result['message']}")
 
+    def _forward_ms(self) -> float:
+        """The candidate's measured forward time (ms), or 0 before/without timing."""
+        timing_stats = getattr(self, "timing", None) or {}
+        return float(timing_stats.get("median_ms") or 0.0) if isinstance(timing_stats, dict) else 0.0
+
     def trace_kernels(self) -> None:
         inputs = self.make_inputs(self.seed + 777)
         kernel_names = self.job.get("kernel_names") or []
+        # Forward is called TRACE_CALLS times back to back before the current stream is synchronised: work a
+        # candidate leaves on a private stream then piles up there (the host launches faster than the GPU runs it),
+        # so it is still running at the check even when one call's kernel would finish before Python returns.
+        # Honest multi-stream code joins its streams into the current one inside each call and leaves nothing.
+        calls = TRACE_CALLS if self._forward_ms() < TRACE_REPEAT_MAX_MS else 1
+        self.meta["trace_calls"] = calls
         try:
             with dynamic_checks.KernelTrace() as trace:
-                set_seed(self.seed)
-                out = self.cand_model(*inputs)
+                for _ in range(calls):
+                    set_seed(self.seed)
+                    out = self.cand_model(*inputs)
                 torch.cuda.current_stream().synchronize()
                 trace.mark_returned()
                 early = map_tree(out, lambda x: x.clone())  # what a caller on the current stream would see
@@ -600,6 +620,15 @@ class JobRunner:
 
 
 # --- process entry --------------------------------------------------------------------------------------------
+_STARTED = time.monotonic()
+
+
+def _phase(what: str) -> None:
+    """Start-up milestones on stderr: the pool shows the stderr tail of a worker that failed to start."""
+    sys.stderr.write(f"[cuda_eval.worker +{time.monotonic() - _STARTED:.2f}s] {what}\n")
+    sys.stderr.flush()
+
+
 def _read_job_path() -> str | None:
     line = sys.stdin.readline()
     return line.strip() or None
@@ -611,8 +640,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-threads", type=int, default=1)
     parser.add_argument("--device-lock", default=None, help="file all workers of this device flock around "
                         "CUDA initialisation and timing")
+    parser.add_argument("--start-timeout", type=float, default=0.0,
+                        help="dump every thread's Python stack to stderr if start-up takes longer than this (the "
+                        "pool kills a worker that is not ready in time; the dump says where it hung)")
     args = parser.parse_args(argv)
     workdir = os.getcwd()
+    if args.start_timeout > 0:
+        faulthandler.dump_traceback_later(args.start_timeout, exit=False)
+    _phase(f"torch {torch.__version__} imported")
     try:
         device = Device(args.device_type, args.cpu_threads, args.device_lock)
     except BaseException as e:
@@ -620,6 +655,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()
         os._exit(3)
+    faulthandler.cancel_dump_traceback_later()
+    _phase("ready")
     write_json_atomic(os.path.join(workdir, "ready.json"), {"ok": True, **device.info})
     job_path = _read_job_path()
     if job_path is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 ATTENTION_IMPLS = ("auto", "pallas", "xla")
+LAYER_LOOPS = ("unrolled", "scan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,17 @@ class SamplerConfig:
         pages of each sequence; in interpret mode on CPU, slow, for tests), "xla" (pure JAX, blockwise over pages up
         to the longest live sequence; runs anywhere), or "auto" (pallas on GPU if it compiles there, else xla).
         Prefill always uses the pure-JAX blockwise attention.
-      layer_unroll: unroll factor of the scan over decoder layers in the cached forward (True = fully unrolled).
+      attention_block_tokens, attention_split_tokens, attention_warps, attention_stages: blocking of the Pallas
+        kernel (0 = automatic, see kv_cache.pallas_params): keys per compute block, keys per kernel program (the page
+        table is split into table_width / split programs per sequence and KV head, combined afterwards), Triton warps
+        per program, software-pipelining stages. benchmarks/sampler.py sweeps them on the GPU.
+      layer_loop: how decode runs the decoder layers. "unrolled": at the start of each generate call every layer's
+        weights are copied once into separate arrays in the compute dtype (one extra copy of the layer weights in
+        device memory while generating; none when nothing else changes), and the decode step runs the layers as
+        straight-line code that reads those arrays in place. "scan": lax.scan over the stacked parameters (no extra
+        memory; XLA:GPU then copies every layer's weights out of the stack on every decode step, ~3x the weight
+        traffic, and with float32 parameters converts them to the compute dtype every step too).
+      layer_unroll: unroll factor of that scan (layer_loop="scan" only, and of prefill's scan; True = fully unrolled).
     """
     temperature: float = 0.9
     top_p: float = 1.0
@@ -64,6 +75,11 @@ class SamplerConfig:
     prefill_chunk: int = 1024
     prefix_sharing: bool = True
     attention: str = "auto"
+    attention_block_tokens: int = 0
+    attention_split_tokens: int = 0
+    attention_warps: int = 0
+    attention_stages: int = 0
+    layer_loop: str = "unrolled"
     layer_unroll: int | bool = 1
 
     def __post_init__(self):
@@ -97,6 +113,11 @@ class SamplerConfig:
             raise ValueError(f"sampler.refill_fraction must be in (0, 1], got {self.refill_fraction}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"sampler.attention={self.attention!r}; choose one of {ATTENTION_IMPLS}")
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"sampler.layer_loop={self.layer_loop!r}; choose one of {LAYER_LOOPS}")
+        for name in ("attention_block_tokens", "attention_split_tokens", "attention_warps", "attention_stages"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sampler.{name} must be >= 0 (0 = automatic), got {getattr(self, name)}")
         if self.max_seq_len < 2:
             raise ValueError(f"sampler.max_seq_len must be >= 2 (a prompt token and a generated one)")
 

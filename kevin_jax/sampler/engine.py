@@ -135,20 +135,21 @@ class SamplerEngine:
             raise ValueError(f"KV pool of {pages - 1} usable pages x {page} tokens cannot hold one sequence of "
                              f"max_seq_len={config.max_seq_len}; raise num_pages / kv_cache_fraction or lower "
                              f"max_seq_len")
+        self.pallas_params = kv_cache.pallas_params(
+            self.geometry, interpret=self.platform != "gpu", block_tokens=config.attention_block_tokens,
+            split_tokens=config.attention_split_tokens, warps=config.attention_warps, stages=config.attention_stages)
         self.decode_impl, self.decode_impl_reason = self._pick_decode_impl()
         self.recent_width = max([1] + [len(s) for s in config.stop_sequences])
         settings = steps.StepSettings(
             geometry=self.geometry, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
             stop_ids=self.stop_ids, stop_patterns=steps.stop_patterns(config.stop_sequences, self.recent_width),
-            decode_impl=self.decode_impl,
-            pallas=kv_cache.pallas_params(self.geometry, interpret=self.platform != "gpu")
-            if self.decode_impl == "pallas" else None,
-            layer_unroll=config.layer_unroll, decode_steps=config.decode_steps)
+            decode_impl=self.decode_impl, pallas=self.pallas_params if self.decode_impl == "pallas" else None,
+            layer_unroll=config.layer_unroll, decode_steps=config.decode_steps, layer_loop=config.layer_loop)
         self.functions = steps.step_functions(self.graphdef, settings, mesh, self.tensor_axis)
         self._pool: kv_cache.KVPool | None = None
-        log.info("sampler: %d pages x %d tokens per layer (%.2f GiB KV pool), %d slots, decode attention %s (%s)",
-                 pages, page, self.geometry.pool_bytes(self.dtype) / 2**30, config.max_slots, self.decode_impl,
-                 self.decode_impl_reason)
+        log.info("sampler: %d pages x %d tokens per layer (%.2f GiB KV pool), %d slots, decode attention %s (%s), "
+                 "layers %s", pages, page, self.geometry.pool_bytes(self.dtype) / 2**30, config.max_slots,
+                 self.decode_impl, self.decode_impl_reason, config.layer_loop)
 
     # ------------------------------------------------------------------ set-up
     def _pick_decode_impl(self) -> tuple[str, str]:
@@ -159,7 +160,7 @@ class SamplerEngine:
             return "pallas", "configured" + ("" if self.platform == "gpu" else " (interpret mode)")
         if self.platform != "gpu":
             return "xla", f"auto: decode runs on {self.platform}, the Pallas kernel needs a GPU"
-        ok, reason = kv_cache.pallas_available(self.geometry, self.dtype)
+        ok, reason = kv_cache.pallas_available(self.geometry, self.dtype, self.pallas_params)
         if not ok:
             log.warning("Pallas paged attention unusable here (%s); decoding with the pure-JAX attention", reason)
         return ("pallas", "auto: kernel compiled") if ok else ("xla", f"auto: {reason}")
@@ -213,7 +214,9 @@ class SamplerEngine:
         sequences = self._sequences(prompts, max_new_tokens)
         stats = GenerateStats(sequences=len(sequences), prompt_tokens=sum(len(s.prompt) for s in sequences))
         if sequences:
-            run = _Run(self, params, sequences, int(seed) & 0xFFFFFFFF, stop_check, stats)
+            # The unrolled decode reads per-layer compute-dtype copies of the weights, made once here (freed on return).
+            weights = self.functions.prepare(params) if self.config.layer_loop == "unrolled" else None
+            run = _Run(self, params, weights, sequences, int(seed) & 0xFFFFFFFF, stop_check, stats)
             self._pool = run.execute(self.pool())
         stats.total_s = time.perf_counter() - start
         results = [SampleResult(s.tokens, s.logprobs, s.policy_logprobs, s.reason, len(s.prompt)) for s in sequences]
@@ -223,11 +226,12 @@ class SamplerEngine:
 class _Run:
     """The state of one generate call (host mirror of the slots, page allocator, queues)."""
 
-    def __init__(self, engine: SamplerEngine, params, sequences: list[_Sequence], seed: int,
-                 stop_check: StopCheck | None, stats: GenerateStats):
+    def __init__(self, engine: SamplerEngine, params, weights: steps.DecodeWeights | None, sequences: list[_Sequence],
+                 seed: int, stop_check: StopCheck | None, stats: GenerateStats):
         self.engine = engine
         self.config = engine.config
         self.params = params
+        self.weights = weights
         self.seed = np.uint32(seed)
         self.stop_check = stop_check
         self.stats = stats
@@ -327,7 +331,10 @@ class _Run:
                 per_call = max(1, self.config.prefill_tokens // width)
                 for i in range(0, len(bucket_rows), per_call):
                     part = bucket_rows[i:i + per_call]
-                    batch = self._prefill_batch(part, contexts, width, per_call)
+                    # Rows rounded up to a power of two, not always per_call: a refill of a few sequences (often
+                    # one partial page each, the rest shared) must not pay attention over per_call padded rows.
+                    rows = min(per_call, 1 << (len(part) - 1).bit_length())
+                    batch = self._prefill_batch(part, contexts, width, rows)
                     pool, sample, reasons = self.engine.functions.prefill(self.params, pool, batch, self.seed)
                     self.stats.prefill_calls += 1
                     drawn.append((part, sample, reasons))
@@ -445,7 +452,7 @@ class _Run:
             threshold = slots + 1
         active_before = self.state.active.copy()
         cache_before = self.state.cache_len.copy()
-        pool, new_state, out = self.engine.functions.decode(self.params, pool, self.state, self.seed,
+        pool, new_state, out = self.engine.functions.decode(self.params, self.weights, pool, self.state, self.seed,
                                                             np.int32(threshold))
         out = jax.tree.map(np.asarray, out)
         new_state = jax.tree.map(np.array, new_state)               # writable host copies

@@ -138,17 +138,40 @@ def paged_attention_xla(q: jax.Array, pool: KVPool, layer: jax.Array, tables: ja
 class PallasParams:
     pages_per_compute_block: int
     k_splits: int
+    num_warps: int
+    num_stages: int
     interpret: bool
 
 
-def pallas_params(geometry: PoolGeometry, interpret: bool) -> PallasParams:
-    """Kernel blocking: ~128 keys per compute block; up to 16 splits of the page table run in parallel."""
-    per_block = max(1, 128 // geometry.page_size)
-    per_block = min(per_block, geometry.table_width)
-    splits = max(1, min(16, geometry.table_width // per_block))
-    while geometry.table_width % (splits * per_block):
+# Automatic blocking (first principles, to be confirmed by the sweep in benchmarks/sampler.py): decode attention is a
+# stream of K/V pages, so what matters is bytes in flight per SM. 64 keys x 128 dims of K and of V are 32 KB per
+# pipeline stage; 3 stages (96 KB of shared memory) leave room for two programs per SM on an H100/H200 (228 KB).
+# Each program walks >= 512 keys so that its pipeline reaches a steady state, and tables longer than 16k keys get
+# longer programs so that the partial outputs combined afterwards (16 padded query rows per split) stay small.
+_AUTO_BLOCK_TOKENS = 64
+_AUTO_SPLIT_TOKENS = 512
+_AUTO_MAX_SPLITS = 32
+_AUTO_WARPS = 4
+_AUTO_STAGES = 3
+
+
+def pallas_params(geometry: PoolGeometry, interpret: bool, *, block_tokens: int = 0, split_tokens: int = 0,
+                  warps: int = 0, stages: int = 0) -> PallasParams:
+    """Blocking of the Pallas paged-attention kernel (0 = automatic). The table of a sequence (table_width pages) is
+    split into k_splits programs of pages_per_partition pages, each walking its pages pages_per_compute_block at a
+    time; the kernel needs k_splits | table_width and pages_per_compute_block | pages_per_partition."""
+    page, width = geometry.page_size, geometry.table_width
+    block = max(1, (block_tokens or _AUTO_BLOCK_TOKENS) // page)
+    block = 1 << (min(block, width).bit_length() - 1)                 # a power of two; width is a multiple of 16
+    if split_tokens:
+        split = max(block, split_tokens // page)
+    else:
+        split = max(block, _AUTO_SPLIT_TOKENS // page, -(-width // _AUTO_MAX_SPLITS))
+    splits = max(1, width // split)
+    while width % splits or (width // splits) % block:
         splits -= 1
-    return PallasParams(pages_per_compute_block=per_block, k_splits=splits, interpret=interpret)
+    return PallasParams(pages_per_compute_block=block, k_splits=splits, num_warps=warps or _AUTO_WARPS,
+                        num_stages=stages or _AUTO_STAGES, interpret=interpret)
 
 
 def paged_decode_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer_tables: jax.Array,
@@ -164,7 +187,8 @@ def paged_decode_attention_pallas(q: jax.Array, k_pool: jax.Array, v_pool: jax.A
     scaled = (q.astype(jnp.float32) * q.shape[-1] ** -0.5).astype(q.dtype)
     return pallas_paged.paged_attention(scaled, k_pool, v_pool, layer_tables, lengths.astype(jnp.int32),
                                         block_h=16, pages_per_compute_block=params.pages_per_compute_block,
-                                        k_splits=params.k_splits, interpret=params.interpret)
+                                        k_splits=params.k_splits, num_warps=params.num_warps,
+                                        num_stages=params.num_stages, interpret=params.interpret)
 
 
 def shard_heads(fn, mesh, tensor_axis: str | None):
@@ -180,12 +204,12 @@ def shard_heads(fn, mesh, tensor_axis: str | None):
                          check_vma=False)
 
 
-def pallas_available(geometry: PoolGeometry, dtype) -> tuple[bool, str]:
-    """Compiles and runs the Pallas kernel once on tiny inputs of this geometry; (ok, reason)."""
+def pallas_available(geometry: PoolGeometry, dtype, params: PallasParams) -> tuple[bool, str]:
+    """Compiles and runs the Pallas kernel with these params once on tiny inputs of this geometry; (ok, reason)."""
     if jax.default_backend() != "gpu":
         return False, f"backend is {jax.default_backend()}, not gpu"
     probe = dataclasses.replace(geometry, num_layers=1, pages_per_layer=2)
-    params = pallas_params(probe, interpret=False)
+    params = dataclasses.replace(params, interpret=False)
     try:
         pool = init_pool(probe, dtype)
         q = jnp.ones((1, probe.q_heads, probe.head_dim), dtype)

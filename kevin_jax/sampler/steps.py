@@ -62,6 +62,13 @@ class SlotState(NamedTuple):
     recent: jax.Array         # [N, S]
 
 
+class DecodeWeights(NamedTuple):
+    """What the unrolled decode step reads: each layer's parameters as separate arrays, and the LM head, all in the
+    compute dtype. Made once per generate call (StepFunctions.prepare) so that no decode step slices or converts."""
+    layers: tuple             # num_layers nnx.States of one layer's parameters (no leading layer axis)
+    head: jax.Array           # [V, H]
+
+
 class DecodeOutput(NamedTuple):
     tokens: jax.Array           # [N, K], NO_TOKEN where the slot produced nothing
     logprobs: jax.Array         # [N, K]
@@ -81,8 +88,9 @@ class StepSettings:
     stop_patterns: tuple[tuple[int, ...], ...]   # right-aligned, -2 = any; width = recent width
     decode_impl: str                              # "pallas" | "xla"
     pallas: kv_cache.PallasParams | None
-    layer_unroll: int | bool
+    layer_unroll: int | bool                      # of the layer scan (prefill; decode with layer_loop="scan")
     decode_steps: int
+    layer_loop: str = "unrolled"                  # decode: "unrolled" over DecodeWeights | "scan" over the stack
 
 
 def stop_patterns(stop_sequences, width: int) -> tuple[tuple[int, ...], ...]:
@@ -145,6 +153,35 @@ def cached_forward(model: qwen2.Qwen2ForCausalLM, tokens, positions, pool: KVPoo
     return model.final_hidden(hidden), pool
 
 
+def unrolled_cached_forward(model: qwen2.Qwen2ForCausalLM, weights: DecodeWeights, tokens, positions, pool: KVPool,
+                            ctx: CacheContext, attention) -> tuple[jax.Array, KVPool]:
+    """cached_forward with the layers as straight-line code over per-layer weight arrays (read in place: a scan over
+    the stacked parameters makes XLA:GPU copy each layer's weights out of the stack on every step)."""
+    hidden = model.embed(tokens)
+    rope = qwen2.rope_tables(positions, model.config.head_dim, model.config.rope_theta)
+    layer_graphdef = nnx.split(model.layers)[0]
+    for index, layer_params in enumerate(weights.layers):
+        hidden, (pool, _) = nnx.merge(layer_graphdef, layer_params)(hidden, rope, attention, ctx, (pool, index))
+    return model.final_hidden(hidden), pool
+
+
+def decode_weights(model: qwen2.Qwen2ForCausalLM) -> DecodeWeights:
+    """Per-layer copies of the stacked layer parameters and the LM head, in the compute dtype."""
+    dtype = model.options.compute_dtype
+    layer_params = nnx.split(model.layers)[1]
+    layers = tuple(jax.tree.map(lambda p, i=i: p[i].astype(dtype), layer_params)
+                   for i in range(model.config.num_hidden_layers))
+    return DecodeWeights(layers=layers, head=model.head_weight())
+
+
+def head_logits(model: qwen2.Qwen2ForCausalLM, normed: jax.Array, head: jax.Array | None) -> jax.Array:
+    """float32 [B, V] logits (Qwen2ForCausalLM.logits, from a ready-made compute-dtype head when given)."""
+    if head is None:
+        return model.logits(normed)
+    return jnp.einsum("...h,vh->...v", normed, head, precision=model.options.precision,
+                      preferred_element_type=jnp.float32)
+
+
 # ----------------------------------------------------------------------------------------------- step functions
 class StepFunctions:
     """The compiled prefill and decode functions for one model graph and one StepSettings."""
@@ -155,7 +192,10 @@ class StepFunctions:
         self.mesh = mesh
         self.tensor_axis = tensor_axis
         self.prefill = jax.jit(self._traced(self._prefill), donate_argnums=(1,))
-        self.decode = jax.jit(self._traced(self._decode), donate_argnums=(1,))
+        # decode(params, weights, pool, state, seed, refill_threshold): weights = prepare(params) for the unrolled
+        # layer loop, None for the scan.
+        self.decode = jax.jit(self._traced(self._decode), donate_argnums=(2,))
+        self.prepare = jax.jit(self._traced(self._prepare))
 
     def _traced(self, fn):
         """Traces under the mesh's activation-sharding rules (D's model pins activations through them)."""
@@ -172,8 +212,11 @@ class StepFunctions:
     def _attention(self, model):
         return make_cache_attention(self.settings, model.options.precision, self.mesh, self.tensor_axis)
 
-    def _sample(self, model, normed_last, seed, sequence_ids, gen_index):
-        logits = model.logits(normed_last)                                          # [B, V] float32
+    def _prepare(self, params) -> DecodeWeights:
+        return decode_weights(nnx.merge(self.graphdef, params))
+
+    def _sample(self, model, normed_last, seed, sequence_ids, gen_index, head=None):
+        logits = head_logits(model, normed_last, head)                              # [B, V] float32
         keys = sampling.token_keys(seed, sequence_ids, gen_index)
         s = self.settings
         return sampling.sample(logits, keys, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
@@ -193,9 +236,15 @@ class StepFunctions:
         reasons = jnp.where(batch.sample_row, reasons, RUNNING)
         return pool, drawn, reasons
 
-    def _decode(self, params, pool: KVPool, state: SlotState, seed, refill_threshold):
+    def _decode(self, params, weights: DecodeWeights | None, pool: KVPool, state: SlotState, seed, refill_threshold):
         model = nnx.merge(self.graphdef, params)
         attention = self._attention(model)
+        if weights is None:
+            forward = functools.partial(cached_forward, model, attention=attention, unroll=self.settings.layer_unroll)
+            head = None
+        else:
+            forward = functools.partial(unrolled_cached_forward, model, weights, attention=attention)
+            head = weights.head
         page = self.settings.geometry.page_size
         steps = self.settings.decode_steps
         slots = state.last_token.shape[0]
@@ -217,9 +266,8 @@ class StepFunctions:
             write_pages = jnp.take_along_axis(tables, page_index[:, None], axis=1)
             ctx = CacheContext(write_pages, (st.cache_len % page)[:, None], tables, st.cache_len[:, None],
                                jnp.where(active, st.cache_len + 1, 1))
-            normed, pool = cached_forward(model, st.last_token[:, None], st.cache_len[:, None], pool, ctx,
-                                          attention, self.settings.layer_unroll)
-            drawn = self._sample(model, normed[:, 0], seed, st.sequence_ids, st.gen_count)
+            normed, pool = forward(st.last_token[:, None], st.cache_len[:, None], pool, ctx)
+            drawn = self._sample(model, normed[:, 0], seed, st.sequence_ids, st.gen_count, head)
             gen_count = st.gen_count + active
             recent = jnp.where(active[:, None], push_recent(st.recent, drawn.tokens), st.recent)
             reasons = jnp.where(active, finish_reasons(drawn.tokens, gen_count, st.max_new, recent, self.settings),

@@ -313,8 +313,8 @@ def test_engine_reports_stats_and_reuses_its_pool(model):
     assert engine.pool().k.shape == pool.k.shape
 
 
-@pytest.mark.parametrize("name", ["qwen2.5_1.5b", "qwq_32b"])
-def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name):
+@pytest.mark.parametrize("name,layer_loop", [("qwen2.5_1.5b", "unrolled"), ("qwq_32b", "scan")])
+def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name, layer_loop):
     """Traces decode (with the Pallas Triton kernel) and prefill at a real model's shapes and lowers them for CUDA,
     on abstract arrays: no memory, no GPU needed; catches shape and blocking errors before the device does."""
     from kevin_jax.model.shapes import named_config as config_of
@@ -329,7 +329,7 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name):
     settings = steps.StepSettings(geometry=geometry, temperature=0.9, top_k=0, top_p=1.0, stop_ids=(1, 2),
                                   stop_patterns=(), decode_impl="pallas",
                                   pallas=kv_cache.pallas_params(geometry, interpret=False), layer_unroll=1,
-                                  decode_steps=8)
+                                  decode_steps=8, layer_loop=layer_loop)
     functions = steps.StepFunctions(graphdef, settings)
     sds, width = jax.ShapeDtypeStruct, geometry.table_width
     pool = kv_cache.KVPool(*[sds(kv_cache.pool_shape(geometry), jnp.bfloat16)] * 2)
@@ -338,9 +338,13 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name):
     state_in = steps.SlotState(ints(slots), ints(slots), ints(slots), ints(slots), flags(slots), ints(slots),
                                ints(slots, width), ints(slots, 1))
     allow_triton = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    weights = jax.eval_shape(functions.prepare, state) if layer_loop == "unrolled" else None
     decode = jax.export.export(functions.decode, platforms=["cuda"], disabled_checks=allow_triton)(
-        state, pool, state_in, sds((), jnp.uint32), sds((), jnp.int32))
-    assert "xla.gpu.triton" in decode.mlir_module()
+        state, weights, pool, state_in, sds((), jnp.uint32), sds((), jnp.int32))
+    module = decode.mlir_module()
+    assert "xla.gpu.triton" in module
+    # Unrolled: one kernel call per layer in the step (straight-line code); scanned: one in the loop body.
+    assert module.count("call @paged_attention") == (config.num_hidden_layers if layer_loop == "unrolled" else 1)
     rows, chunk = 4, 256
     batch = steps.PrefillBatch(ints(rows, chunk), ints(rows, chunk), flags(rows, chunk), ints(rows, width),
                                ints(rows), ints(rows), flags(rows), ints(rows), ints(rows), ints(rows), ints(rows, 1))

@@ -1,0 +1,165 @@
+"""From trajectories to update batches: one sample per turn (prompt + response), packed into rows, cut into
+micro-batches of bucketed shapes.
+
+A sample's row holds prompt + response tokens as one segment (segment ids 1, 2, ... per row; 0 = padding), with
+positions restarting at 0 per segment. The target of position i is the token at i + 1 of the same segment; only
+targets that are response tokens (the model's own) carry a loss: position p - 1 + j predicts response token j.
+
+Shapes: the row length is rl.row_len, or a power of two >= the longest sample (at least `min_row_len`); rows per micro-batch is a
+power of two (a multiple of the data-parallel device count) fitting `micro_batch_tokens`, so a run compiles the update
+for a handful of shapes only. Padding rows have zero weight.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from kevin_jax.rl.loss import RLConfig, aggregation_weights
+
+FIELDS_INT = ("tokens", "segment_ids", "positions", "targets")
+FIELDS_FLOAT = ("loss_weights", "advantages", "sampler_logprobs", "trainer_old_logprobs", "ref_logprobs")
+
+
+@dataclasses.dataclass
+class Sample:
+    """One turn of one trajectory as the update sees it."""
+    prompt_tokens: Sequence[int]
+    response_tokens: Sequence[int]
+    response_logprobs: Sequence[float]
+    advantage: float
+    weight: float = 0.0          # aggregation weight of each response token (set by `make_samples`)
+
+    def __post_init__(self):
+        if len(self.response_tokens) != len(self.response_logprobs):
+            raise ValueError(f"sample has {len(self.response_tokens)} response tokens but "
+                             f"{len(self.response_logprobs)} log-probs")
+        if not len(self.prompt_tokens):
+            raise ValueError("sample has an empty prompt: the first response token would have no context")
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens) + len(self.response_tokens)
+
+
+@dataclasses.dataclass
+class SampleSet:
+    samples: list[Sample]        # the samples that go into the update
+    total: int                   # samples of the batch (the denominators count all of them)
+    skipped_zero_advantage: int
+
+
+def make_samples(trajectories: Iterable, config: RLConfig, constant_length: int) -> SampleSet:
+    """One sample per turn of every trajectory (objects or Contract-4 dicts), with aggregation weights computed over
+    the whole batch; samples with advantage 0 are dropped afterwards when config.skips_zero_advantage."""
+    samples = []
+    for traj in trajectories:
+        turns = traj["turns"] if isinstance(traj, dict) else traj.turns
+        for t in turns:
+            get = (lambda k: t[k]) if isinstance(t, dict) else (lambda k: getattr(t, k))
+            samples.append(Sample(list(get("prompt_tokens")), list(get("response_tokens")),
+                                  list(get("response_logprobs")), float(get("advantage"))))
+    weights = aggregation_weights(np.array([len(s.response_tokens) for s in samples]), config.aggregation,
+                                  constant_length)
+    for s, w in zip(samples, weights):
+        s.weight = float(w)
+    kept = [s for s in samples if s.advantage != 0.0] if config.skips_zero_advantage else samples
+    return SampleSet(kept, len(samples), len(samples) - len(kept))
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def pack_rows(lengths: Sequence[int], row_len: int, pack: bool) -> list[list[int]]:
+    """Sample indices per row: first-fit decreasing into rows of `row_len` tokens (or one sample per row)."""
+    if any(n > row_len for n in lengths):
+        raise ValueError(f"a sample of {max(lengths)} tokens does not fit rows of {row_len}")
+    if not pack:
+        return [[i] for i in range(len(lengths))]
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - lengths[i])
+    return rows
+
+
+def _empty(rows: int, row_len: int) -> dict[str, np.ndarray]:
+    out = {k: np.zeros((rows, row_len), np.int32) for k in FIELDS_INT}
+    out.update({k: np.zeros((rows, row_len), np.float32) for k in FIELDS_FLOAT})
+    out["loss_mask"] = np.zeros((rows, row_len), bool)
+    return out
+
+
+def _fill_row(mb: dict[str, np.ndarray], r: int, samples: Sequence[Sample]) -> None:
+    offset = 0
+    for seg, s in enumerate(samples, start=1):
+        p, n = len(s.prompt_tokens), len(s)
+        seq = np.concatenate([np.asarray(s.prompt_tokens, np.int32), np.asarray(s.response_tokens, np.int32)])
+        sl = slice(offset, offset + n)
+        mb["tokens"][r, sl] = seq
+        mb["segment_ids"][r, sl] = seg
+        mb["positions"][r, sl] = np.arange(n, dtype=np.int32)
+        mb["targets"][r, offset:offset + n - 1] = seq[1:]
+        loss = slice(offset + p - 1, offset + n - 1)          # positions predicting the response tokens
+        mb["loss_mask"][r, loss] = True
+        mb["loss_weights"][r, loss] = s.weight
+        mb["advantages"][r, loss] = s.advantage
+        mb["sampler_logprobs"][r, loss] = np.asarray(s.response_logprobs, np.float32)
+        offset += n
+
+
+@dataclasses.dataclass
+class Layout:
+    row_len: int
+    rows_per_micro: int
+    num_rows: int                # real rows (the rest of the last micro-batch is padding)
+    num_micro: int
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.row_len * self.rows_per_micro * self.num_micro
+
+
+def plan_layout(lengths: Sequence[int], config: RLConfig, row_divisor: int = 1,
+                max_row_len: int | None = None) -> tuple[Layout, list[list[int]]]:
+    """max_row_len: cap of the automatic row length (the longest possible sample, e.g. the sampler's context), so
+    that a 39k-token sample gets a 40k row rather than a 64k one."""
+    longest = max(lengths, default=1)
+    if config.row_len:
+        if longest > config.row_len:
+            raise ValueError(f"a sample of {longest} tokens is longer than rl.row_len={config.row_len}")
+        row_len = config.row_len
+    else:
+        row_len = max(config.min_row_len, next_pow2(longest))
+        if max_row_len is not None and longest <= max_row_len < row_len:
+            row_len = max_row_len
+    rows = pack_rows(lengths, row_len, config.pack)
+    cap = max(1, config.micro_batch_tokens // row_len)
+    rows_per_micro = min(next_pow2(cap + 1) // 2, next_pow2(max(1, len(rows))))   # power of two <= cap
+    rows_per_micro = max(row_divisor, rows_per_micro // row_divisor * row_divisor)
+    num_micro = max(1, math.ceil(len(rows) / rows_per_micro))
+    return Layout(row_len, rows_per_micro, len(rows), num_micro), rows
+
+
+def micro_batches(samples: Sequence[Sample], config: RLConfig, row_divisor: int = 1,
+                  max_row_len: int | None = None) -> tuple[list[dict[str, np.ndarray]], Layout]:
+    """Packs samples into micro-batches of identical shape [rows_per_micro, row_len].
+
+    row_divisor: rows per micro-batch is made a multiple of it (the data-parallel device count)."""
+    layout, rows = plan_layout([len(s) for s in samples], config, row_divisor, max_row_len)
+    out = []
+    for m in range(layout.num_micro):
+        mb = _empty(layout.rows_per_micro, layout.row_len)
+        for r, row in enumerate(rows[m * layout.rows_per_micro:(m + 1) * layout.rows_per_micro]):
+            _fill_row(mb, r, [samples[i] for i in row])
+        out.append(mb)
+    return out, layout

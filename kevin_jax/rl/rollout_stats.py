@@ -1,0 +1,96 @@
+"""Scalars that describe a batch of rollouts (what TensorBoard shows per step), and the compile-only proxy scores.
+
+All functions read Contract-4 trajectories (kevin_jax.env.episode.Trajectory objects); verdicts are
+EvalResult.to_dict() dicts.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from kevin_jax.env.episode import Trajectory
+from kevin_jax.rl.scores import RewardConfig, counts_as_correct, discounted_returns, group_advantages
+
+
+def _correct(turn) -> bool:
+    return turn.parsed.get("format_error") is None and counts_as_correct(turn.verdict)
+
+
+def _compiled(turn) -> bool:
+    return turn.parsed.get("format_error") is None and turn.verdict.get("compiled") is True
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else float("nan")
+
+
+def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfig, compiled_score: float) -> None:
+    """Without a GPU nothing runs, so every kernel scores 0 under the real reward. This replaces each turn's score by
+    `compiled_score` for a well-formed, unflagged kernel that compiled (else 0), then recomputes returns and
+    advantages with the run's reward settings (in place)."""
+    returns, groups, turns = [], [], []
+    for traj in trajectories:
+        scores = [compiled_score if _compiled(t) and not t.verdict.get("hack_flags") else 0.0 for t in traj.turns]
+        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, reward)):
+            t.score, t.return_ = float(s), float(r)
+            returns.append(r)
+            groups.append(traj.task_id)
+            turns.append(t)
+    for t, a in zip(turns, group_advantages(returns, groups, reward)):
+        t.advantage = float(a)
+
+
+def thought_of(turn) -> str:
+    thought = turn.parsed.get("thought")
+    return turn.response_text if thought is None else thought
+
+
+def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_prefix: str = "Okay") -> dict:
+    """Per-turn correctness / speedup / score, best-of-trajectory, returns, advantages, lengths, "not okay" ratio."""
+    out: dict[str, float] = {}
+    turns = [t for traj in trajectories for t in traj.turns]
+    if not turns:
+        return {"num_turn_samples": 0.0}
+    for i in range(num_turns):
+        at = [t for traj in trajectories for t in traj.turns if t.turn == i]
+        if not at:
+            continue
+        speedups = [t.verdict.get("speedup") for t in at if _correct(t) and t.verdict.get("speedup")]
+        out[f"turn{i}/correct_rate"] = _mean(_correct(t) for t in at)
+        out[f"turn{i}/compiled_rate"] = _mean(_compiled(t) for t in at)
+        out[f"turn{i}/format_ok_rate"] = _mean(t.parsed.get("format_error") is None for t in at)
+        out[f"turn{i}/mean_speedup"] = _mean(speedups)
+        out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
+        out[f"turn{i}/samples"] = float(len(at))
+    best = [max((t.score for t in traj.turns), default=0.0) for traj in trajectories]
+    out["best_of_trajectory/score_mean"] = _mean(best)
+    out["best_of_trajectory/correct_rate"] = _mean(any(_correct(t) for t in traj.turns) for traj in trajectories)
+    best_speedups = [max((t.verdict.get("speedup") or 0.0) for t in traj.turns if _correct(t))
+                     for traj in trajectories if any(_correct(t) for t in traj.turns)]
+    out["best_of_trajectory/speedup_mean"] = _mean(best_speedups)
+    out["best_of_trajectory/faster_than_torch_rate"] = _mean(
+        any(_correct(t) and (t.verdict.get("speedup") or 0) > 1.0 for t in traj.turns) for traj in trajectories)
+    scores = np.array([t.score for t in turns])
+    returns = np.array([t.return_ for t in turns])
+    adv = np.array([t.advantage for t in turns])
+    out.update({"score_mean": float(scores.mean()), "correct_rate": _mean(_correct(t) for t in turns),
+                "compiled_rate": _mean(_compiled(t) for t in turns),
+                "hack_flag_rate": _mean(bool(t.verdict.get("hack_flags")) for t in turns),
+                "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+                "return_max": float(returns.max()),
+                "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()),
+                "advantage_min": float(adv.min()), "advantage_max": float(adv.max()),
+                "advantage_zero_fraction": float(np.mean(adv == 0.0)),
+                "num_turn_samples": float(len(turns)), "num_trajectories": float(len(trajectories))})
+    resp = np.array([len(t.response_tokens) for t in turns])
+    prompt = np.array([len(t.prompt_tokens) for t in turns])
+    out.update({"response_length_mean": float(resp.mean()), "response_length_max": float(resp.max()),
+                "response_clipped_fraction": _mean(t.stop_reason == "length" for t in turns),
+                "prompt_length_mean": float(prompt.mean()), "prompt_length_max": float(prompt.max()),
+                "thought_complete_rate": _mean(bool(t.parsed.get("thought_complete", True)) for t in turns)})
+    # Kevin's early warning of collapse: thoughts that no longer start the way the base model's do ("Okay").
+    out["not_okay_ratio"] = _mean(not thought_of(t).lstrip().startswith(thought_prefix) for t in turns)
+    return {k: v for k, v in out.items() if not math.isnan(v)}   # NaN (e.g. no correct kernel): no point

@@ -1,0 +1,223 @@
+"""Train state, the optax optimiser, and the jitted update: gradient accumulation over micro-batches.
+
+State is a plain dict pytree {"params": nnx.State, "opt_state": optax state, "updates": int32} (orbax saves it as
+is). One optimiser update = sum of the micro-batch gradients (the loss is a weighted sum, kevin_jax.rl.loss), then
+clip by global norm and AdamW. Gradients of a micro-batch are computed under the mesh's activation-sharding rules
+with the batch sharded over the data-parallel axes, so more devices = the same sums computed in parallel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from kevin_jax import parallel
+from kevin_jax.rl import loss as rl_loss
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """The optimiser (config section `optim`). Kevin: AdamW, lr 2e-6 constant after a 3% linear warm-up, gradients
+    clipped to global norm 0.05.
+
+    learning_rate: peak (= constant) learning rate.
+    warmup_fraction: share of all optimiser updates spent warming up linearly from 0.
+    b1, b2, eps: Adam moments.
+    weight_decay: decoupled weight decay, applied to matrices only (not norms or biases).
+    grad_clip_norm: clip gradients to this global norm (0 = no clipping).
+    """
+    learning_rate: float = 2e-6
+    warmup_fraction: float = 0.03
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip_norm: float = 0.05
+
+    def __post_init__(self):
+        if self.learning_rate <= 0:
+            raise ValueError(f"optim.learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(f"optim.warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.weight_decay < 0 or self.grad_clip_norm < 0:
+            raise ValueError("optim.weight_decay and optim.grad_clip_norm must be >= 0")
+
+
+def learning_rate_schedule(config: OptimConfig, total_updates: int) -> optax.Schedule:
+    warmup = int(round(config.warmup_fraction * total_updates))
+    if warmup <= 0:
+        return optax.constant_schedule(config.learning_rate)
+    return optax.join_schedules([optax.linear_schedule(0.0, config.learning_rate, warmup),
+                                 optax.constant_schedule(config.learning_rate)], [warmup])
+
+
+def _decay_mask(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(config: OptimConfig, total_updates: int) -> optax.GradientTransformation:
+    parts = []
+    if config.grad_clip_norm > 0:
+        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+    parts.append(optax.adamw(learning_rate_schedule(config, total_updates), b1=config.b1, b2=config.b2,
+                             eps=config.eps, weight_decay=config.weight_decay, mask=_decay_mask))
+    return optax.chain(*parts)
+
+
+def init_state(params: nnx.State, tx: optax.GradientTransformation) -> dict[str, Any]:
+    """The train state of freshly initialised/imported parameters (optimiser moments sharded like the params)."""
+    leaf_sharding = jax.tree.leaves(params)[0].sharding
+    if isinstance(leaf_sharding, jax.sharding.NamedSharding):
+        # Scalars (Adam's count, the update counter) must live on the params' mesh, not on one device: a
+        # multi-process jit refuses arguments on different device sets.
+        replicated = jax.sharding.NamedSharding(leaf_sharding.mesh, jax.sharding.PartitionSpec())
+    else:
+        replicated = leaf_sharding
+    param_shardings = jax.tree.map(lambda x: x.sharding, params)
+    shapes = jax.eval_shape(tx.init, params)
+    # Moments take the sharding of the param of the same shape path; anything else (counts) is replicated.
+    opt_shardings = jax.tree.map(lambda _: replicated, shapes)
+    opt_shardings = _match_param_shardings(shapes, opt_shardings, params, param_shardings)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    return {"params": params, "opt_state": opt_state,
+            "updates": put_global(np.zeros((), np.int32), replicated)}
+
+
+def _match_param_shardings(shapes, default, params, param_shardings):
+    """Optax states hold copies of the params tree (mu, nu): give their leaves the params' shardings."""
+    param_struct = jax.tree.structure(params)
+    flat_params = jax.tree.leaves(param_shardings)
+
+    def visit(shape_node, default_node):
+        try:
+            if jax.tree.structure(shape_node) == param_struct:
+                return jax.tree.unflatten(param_struct, flat_params)
+        except Exception:       # not a pytree comparable to params
+            pass
+        return None
+
+    def rec(shape_node, default_node):
+        matched = visit(shape_node, default_node)
+        if matched is not None:
+            return matched
+        if isinstance(shape_node, jax.ShapeDtypeStruct):
+            return default_node
+        children, treedef = jax.tree.flatten(shape_node, is_leaf=lambda n: n is not shape_node)
+        dchildren = jax.tree.flatten(default_node, is_leaf=lambda n: n is not default_node)[0]
+        return jax.tree.unflatten(treedef, [rec(c, d) for c, d in zip(children, dchildren)])
+
+    return rec(shapes, default)
+
+
+def state_shardings(state: Any) -> Any:
+    return jax.tree.map(lambda x: x.sharding, state)
+
+
+def to_host(x) -> np.ndarray:
+    """Host value of a (possibly multi-process) array: replicated values are read locally, sharded ones gathered."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def put_global(array: np.ndarray, sharding) -> jax.Array:
+    """A global array from a host copy that every process holds in full (works single- and multi-process)."""
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+class Updater:
+    """The jitted pieces of one optimiser update for a model graph, an optimiser and a mesh.
+
+    temperature: the sampling temperature: log-probs are recomputed under the same distribution the sampler drew
+      from (logits / T), so that ratios compare like with like.
+    """
+
+    def __init__(self, graphdef, tx: optax.GradientTransformation, schedule: optax.Schedule, config: rl_loss.RLConfig,
+                 mesh, temperature: float):
+        self.graphdef = graphdef
+        self.tx = tx
+        self.schedule = schedule
+        self.config = config
+        self.mesh = mesh
+        self.temperature = float(temperature) if temperature > 0 else 1.0
+        self.batch_sharding = parallel.batch_sharding(mesh, 2)
+        self._grads = jax.jit(self._grads_impl, static_argnames=("first",), donate_argnums=(1,))
+        self._forward = jax.jit(self._forward_impl)
+        self._apply = None          # built on first use with the state's shardings
+        self._zeros = None
+
+    # ------------------------------------------------------------------ pieces
+    def _logprobs(self, params, mb, return_entropy: bool):
+        model = nnx.merge(self.graphdef, params)
+        return model.token_logprobs(mb["tokens"], mb["positions"], mb["segment_ids"], mb["targets"],
+                                    chunk_size=self.config.logprob_chunk, temperature=self.temperature,
+                                    return_entropy=return_entropy, right_padded=not self.config.pack)
+
+    def _grads_impl(self, params, grads, mb, first: bool):
+        def loss_fn(p):
+            with parallel.activation_sharding(self.mesh):
+                logp, entropy = self._logprobs(p, mb, True)
+            return rl_loss.batch_loss(logp, entropy, mb, self.config, old_from_current=first)
+
+        (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
+        return grads, stats
+
+    def _forward_impl(self, params, mb):
+        with parallel.activation_sharding(self.mesh):
+            return self._logprobs(params, mb, False)
+
+    def _apply_impl(self, state, grads):
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        lr = self.schedule(state["updates"])
+        new_state = {"params": params, "opt_state": opt_state, "updates": state["updates"] + 1}
+        return new_state, {"grad_norm": grad_norm, "learning_rate": lr,
+                           "update_norm": optax.global_norm(updates)}
+
+    # ------------------------------------------------------------------ API
+    def device_batch(self, mb: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        return {k: put_global(v, self.batch_sharding) for k, v in mb.items()}
+
+    def logprobs(self, params, mb: Mapping[str, jax.Array]) -> jax.Array:
+        """[R, L] log-probs of the targets under `params` (no gradient): the reference policy's, for the KL."""
+        return self._forward(params, mb)
+
+    def zero_grads(self, params):
+        if self._zeros is None:
+            self._zeros = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p),
+                                  out_shardings=jax.tree.map(lambda x: x.sharding, params))
+        return self._zeros(params)
+
+    def gradients(self, params, batches: Sequence[dict[str, jax.Array]], first: bool):
+        """(summed float32 gradients, stats dict of floats, per-micro-batch trainer log-probs)."""
+        grads = self.zero_grads(params)
+        parts, trainer_logprobs = [], []
+        for mb in batches:
+            grads, stats = self._grads(params, grads, mb, first=first)
+            trainer_logprobs.append(stats.pop("trainer_logprobs"))
+            parts.append(stats)
+        total = rl_loss.combine_stats([jax.tree.map(to_host, p) for p in parts])
+        return grads, rl_loss.finish_stats(total), trainer_logprobs
+
+    def update(self, state: dict, batches: Sequence[dict[str, jax.Array]], first: bool):
+        """One optimiser update over all micro-batches. Returns (new state, stats dict of floats, the trainer's
+        log-probs of each micro-batch (device arrays, stop-gradient, under the parameters before the update))."""
+        grads, out, trainer_logprobs = self.gradients(state["params"], batches, first)
+        if self._apply is None:
+            shardings = state_shardings(state)
+            self._apply = jax.jit(self._apply_impl, donate_argnums=(0,),
+                                  out_shardings=(shardings, None))
+        state, opt_stats = self._apply(state, grads)
+        out.update({k: float(to_host(v)) for k, v in opt_stats.items()})
+        return state, out, trainer_logprobs

@@ -1,0 +1,583 @@
+"""The multi-turn RL loop (Kevin's GRPO recipe), in one readable file.
+
+    python launch/train.py --config=configs/one_gpu.py --workdir=/tmp/kevin_run      # flags -> run(config, workdir)
+
+Per step:
+  1. draw the step's training tasks (a function of seed and step: kevin_jax.rl.task_sampler);
+  2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode): each round
+     samples every live trajectory with the policy's own parameters (one sampler call) and evaluates every answer
+     (one cuda_eval call); scores, discounted returns and per-task advantages come from kevin_jax.rl.scores;
+  3. rl.updates_per_batch optimiser updates on the batch (the first on-policy, the next off-policy with importance
+     ratios against the sampler's log-probs), gradients accumulated over micro-batches (kevin_jax.rl.state);
+  4. scalars to TensorBoard and metrics.jsonl, every trajectory to trajectories/step_XXXXXX.jsonl;
+  5. orbax checkpoint on schedule (kevin_jax.checkpoint), held-out evaluation on schedule.
+
+All randomness is a function of (seed, step, round), and a checkpoint holds parameters, optimiser state, the step,
+the task sampler's position and the split: a run killed at any point and restarted on the same workdir produces the
+steps an uninterrupted run would have (bit-exact on CPU; on GPUs up to the evaluator's timing noise).
+
+Without a GPU, kernels cannot run: the evaluator only compiles them ("compile_only"). That mode must be asked for
+(eval.mode="compile_only", as configs/tiny_cpu.py does); it scores a kernel that compiled with rl.compile_only_score
+and tags every metric and log line compile_only.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from cuda_eval.api import EvalConfig, Evaluator, visible_gpu_count
+from kevin_jax import checkpoint as ckpt_lib
+from kevin_jax import logs, parallel
+from kevin_jax.env.episode import EnvConfig, EpisodeRunner, Trajectory
+from kevin_jax.env.prompts import PromptRenderer
+from kevin_jax.model import hf, qwen2, shapes
+from kevin_jax.model.tokenizer import load_tokenizer
+from kevin_jax.placement import GpuConfig
+from kevin_jax.rl import batch as rl_batch
+from kevin_jax.rl import multihost, rollout_stats
+from kevin_jax.rl import state as rl_state
+from kevin_jax.rl.loss import RLConfig
+from kevin_jax.rl.scores import RewardConfig
+from kevin_jax.rl.task_sampler import TaskSampler
+from kevin_jax.rl.warm_start import WarmStartConfig, warm_start
+from kevin_jax.rl.warm_start import examples as warm_start_examples
+from kevin_jax.sampler import SamplerConfig, SamplerPolicy
+from kevin_jax.tasks import Split, TasksConfig, load_tasks, resolve_split, select
+
+log = logging.getLogger("kevin_jax.train")
+
+NO_GPU_MESSAGE = (
+    "Kernel evaluation needs an NVIDIA GPU, and none is visible here: the reward (correctness and speed of the "
+    "generated CUDA kernels) cannot be measured. To run the RL loop on this machine anyway, with compile-only "
+    "verdicts (nvcc compiles each kernel, nothing runs; every metric is tagged compile_only/), use the tiny CPU "
+    "config:\n  python launch/train.py --config=configs/tiny_cpu.py --workdir=/tmp/kevin_tiny")
+
+
+# ---------------------------------------------------------------------------------------------------- config
+@dataclasses.dataclass
+class ModelSource:
+    """Where the policy comes from (config section `model`, together with qwen2.ModelOptions' fields).
+
+    shape: a named architecture (kevin_jax.model.shapes.NAMED_CONFIGS), randomly initialised from `seed`.
+    hf_checkpoint: a Hugging Face Qwen2 checkpoint directory (QwQ-32B's); when set, `shape` must be "".
+    """
+    shape: str = "tiny"
+    hf_checkpoint: str = ""
+
+    def __post_init__(self):
+        if bool(self.shape) == bool(self.hf_checkpoint):
+            raise ValueError("set exactly one of model.hf_checkpoint (an HF checkpoint directory, e.g. QwQ-32B's) "
+                             f"and model.shape (a random init of a named shape); got shape={self.shape!r}, "
+                             f"hf_checkpoint={self.hf_checkpoint!r}")
+
+
+@dataclasses.dataclass
+class TokenizerConfig:
+    """The tokenizer (config section `tokenizer`). path: a tokenizer directory, "" = the built-in one, "model" =
+    the HF checkpoint's own files."""
+    path: str = ""
+
+
+@dataclasses.dataclass
+class HoldoutConfig:
+    """Held-out evaluation during training (config section `holdout`).
+
+    every_steps: evaluate the split's held-out tasks after every this many steps (0 = never).
+    at_end: also after the last step.
+    num_trajectories: trajectories per held-out task (turns as in env).
+    """
+    every_steps: int = 0
+    at_end: bool = True
+    num_trajectories: int = 4
+
+
+KILL_PHASES = ("", "sampling", "evaluation", "update", "checkpoint")
+
+
+@dataclasses.dataclass
+class DebugConfig:
+    """Debug switches (config section `debug`). kill_at_phase / kill_at_step: SIGKILL this process during that
+    phase of that step ("sampling": after the first sampler call; "evaluation": while the first evaluation batch is
+    in flight; "update": between the two optimiser updates; "checkpoint": while the checkpoint is being written)."""
+    kill_at_phase: str = ""
+    kill_at_step: int = -1
+
+    def __post_init__(self):
+        if self.kill_at_phase not in KILL_PHASES:
+            raise ValueError(f"debug.kill_at_phase must be one of {KILL_PHASES}, got {self.kill_at_phase!r}")
+
+
+SECTIONS: dict[str, tuple[type, ...]] = {
+    "model": (ModelSource, qwen2.ModelOptions), "tokenizer": (TokenizerConfig,), "tasks": (TasksConfig,),
+    "env": (EnvConfig,), "reward": (RewardConfig,), "sampler": (SamplerConfig,), "eval": (EvalConfig,),
+    "rl": (RLConfig,), "optim": (rl_state.OptimConfig,), "mesh": (parallel.ParallelConfig,), "gpu": (GpuConfig,),
+    "log": (logs.LogConfig,), "ckpt": (ckpt_lib.CheckpointConfig,), "holdout": (HoldoutConfig,),
+    "warm_start": (WarmStartConfig,), "debug": (DebugConfig,),
+}
+TOP_LEVEL = {"seed": int, "total_steps": int, "response_schedule": str}
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """The typed form of a run config: one dataclass per section."""
+    model: ModelSource
+    model_options: qwen2.ModelOptions
+    tokenizer: TokenizerConfig
+    tasks: TasksConfig
+    env: EnvConfig
+    reward: RewardConfig
+    sampler: SamplerConfig
+    eval: EvalConfig
+    rl: RLConfig
+    optim: rl_state.OptimConfig
+    mesh: parallel.ParallelConfig
+    gpu: GpuConfig
+    log: logs.LogConfig
+    ckpt: ckpt_lib.CheckpointConfig
+    holdout: HoldoutConfig
+    warm_start: WarmStartConfig
+    debug: DebugConfig
+    seed: int
+    total_steps: int
+    response_schedule: tuple[tuple[int, int], ...]
+
+    def max_response_tokens(self, step: int) -> int:
+        """env.max_response_tokens, raised/lowered from the steps named in response_schedule ("30:22528")."""
+        tokens = self.env.max_response_tokens
+        for from_step, value in self.response_schedule:
+            if step >= from_step:
+                tokens = value
+        return tokens
+
+    @property
+    def longest_response(self) -> int:
+        return max([self.env.max_response_tokens] + [v for _, v in self.response_schedule])
+
+
+def _plain(section: Any) -> dict:
+    return section.to_dict() if hasattr(section, "to_dict") else dict(section)
+
+
+def _build(types: tuple[type, ...], values: Mapping[str, Any], name: str) -> list[Any]:
+    fields = [{f.name for f in dataclasses.fields(t)} for t in types]
+    unknown = sorted(set(values) - set().union(*fields))
+    if unknown:
+        known = sorted(set().union(*fields))
+        raise ValueError(f"config.{name} has unknown field(s) {unknown}; known fields: {known}")
+    out = []
+    for t, names in zip(types, fields):
+        kwargs = {k: v for k, v in values.items() if k in names}
+        for k, v in kwargs.items():
+            if isinstance(v, list):
+                kwargs[k] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        try:
+            out.append(t(**kwargs))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"config.{name}: {e}") from e
+    return out
+
+
+def parse_schedule(text: str) -> tuple[tuple[int, int], ...]:
+    """"30:22528,60:32768" -> ((30, 22528), (60, 32768)); "" -> ()."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            step, tokens = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise ValueError(f"response_schedule entries are step:tokens, got {item!r}") from None
+        if step < 1 or tokens < 1:
+            raise ValueError(f"response_schedule entry {item!r}: step and tokens must be positive")
+        out.append((step, tokens))
+    return tuple(sorted(out))
+
+
+def parse_config(config: Any) -> RunSpec:
+    """Builds every section's dataclass from an ml_collections ConfigDict (or nested dicts); unknown sections or
+    fields are errors that name them."""
+    values = _plain(config)
+    unknown = sorted(set(values) - set(SECTIONS) - set(TOP_LEVEL))
+    if unknown:
+        raise ValueError(f"config has unknown top-level entries {unknown}; sections: {sorted(SECTIONS)}, "
+                         f"values: {sorted(TOP_LEVEL)}")
+    built: dict[str, Any] = {}
+    for name, types in SECTIONS.items():
+        parts = _build(types, _plain(values.get(name, {})), name)
+        if name == "model":
+            built["model"], built["model_options"] = parts
+        else:
+            built[name] = parts[0]
+    for name, kind in TOP_LEVEL.items():
+        if name not in values:
+            raise ValueError(f"config.{name} is missing")
+    spec = RunSpec(**built, seed=int(values["seed"]), total_steps=int(values["total_steps"]),
+                   response_schedule=parse_schedule(str(values["response_schedule"] or "")))
+    _check(spec)
+    return spec
+
+
+def _check(spec: RunSpec) -> None:
+    if spec.total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {spec.total_steps}")
+    need = spec.env.max_prompt_tokens + spec.longest_response
+    if spec.sampler.max_seq_len < need:
+        raise ValueError(f"sampler.max_seq_len={spec.sampler.max_seq_len} < env.max_prompt_tokens + longest response "
+                         f"({spec.env.max_prompt_tokens} + {spec.longest_response} = {need}): long turns would be "
+                         f"cut; raise sampler.max_seq_len")
+    if spec.sampler.top_k or spec.sampler.top_p < 1:
+        log.warning("sampler.top_k/top_p truncate the sampling distribution: the trainer's recomputed log-probs "
+                    "(temperature only) will not match the sampler's exactly")
+
+
+# ---------------------------------------------------------------------------------------------------- pieces
+class KillSwitch:
+    """debug.kill_at_phase: SIGKILL at a named phase of a named step (exercises resume from a hard crash)."""
+
+    def __init__(self, debug: DebugConfig):
+        self.debug = debug
+        self.step = 0
+
+    def __call__(self, phase: str) -> None:
+        if self.debug.kill_at_phase == phase and self.step == self.debug.kill_at_step:
+            log.warning("debug: SIGKILL during %s of step %d", phase, self.step)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _KillingPolicy:
+    def __init__(self, policy, kill: KillSwitch):
+        self.policy, self.kill = policy, kill
+
+    def generate(self, prompts, max_new_tokens, seed):
+        out = self.policy.generate(prompts, max_new_tokens, seed)
+        self.kill("sampling")
+        return out
+
+
+class _KillingEvaluator:
+    def __init__(self, evaluator, kill: KillSwitch):
+        self.evaluator, self.kill = evaluator, kill
+
+    def evaluate(self, requests):
+        if hasattr(self.evaluator, "submit"):
+            futures = self.evaluator.submit(requests)
+            self.kill("evaluation")
+            return [f.result() for f in futures]
+        results = self.evaluator.evaluate(requests)
+        self.kill("evaluation")
+        return results
+
+
+def _architecture(spec: RunSpec) -> shapes.Qwen2Config:
+    if spec.model.hf_checkpoint:
+        return shapes.from_hf_config(spec.model.hf_checkpoint)
+    return shapes.named_config(spec.model.shape)
+
+
+def initial_params(spec: RunSpec, mesh) -> tuple[Any, Any]:
+    """(graphdef, parameters) of the policy before any update: the HF checkpoint, or a seeded random init."""
+    if spec.model.hf_checkpoint:
+        model = hf.load_hf_checkpoint(spec.model.hf_checkpoint, spec.model_options, mesh=mesh)
+    else:
+        model = qwen2.init_sharded(_architecture(spec), spec.model_options, mesh, seed=spec.seed)
+    return nnx.split(model)
+
+
+def starting_params(spec: RunSpec, mesh, train_tasks, tokenizer) -> tuple[Any, Any, dict]:
+    """(graphdef, parameters, scalars) of the policy at step 0: initial parameters, then the optional warm start."""
+    graphdef, params = initial_params(spec, mesh)
+    if not spec.warm_start.steps:
+        return graphdef, params, {}
+    renderer = PromptRenderer(tokenizer, spec.env.max_prompt_tokens, spec.env.gpu_name, spec.env.one_shot)
+    samples = warm_start_examples(spec.warm_start, train_tasks, renderer, tokenizer.eos_id)
+    params, stats = warm_start(graphdef, params, spec.warm_start, samples, mesh, spec.rl, spec.seed)
+    return graphdef, params, stats
+
+
+def abstract_state(spec: RunSpec, mesh, tx: optax.GradientTransformation) -> tuple[Any, Any]:
+    """(graphdef, ShapeDtypeStructs with shardings of the train state): the restore target, nothing allocated."""
+    graphdef, params = nnx.split(qwen2.abstract_model(_architecture(spec), spec.model_options))
+    shardings = qwen2.param_shardings(params, mesh)
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
+    compiled = jax.jit(tx.init).lower(params).compile()
+    opt_shapes = jax.eval_shape(tx.init, params)
+    opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_shapes,
+                             compiled.output_shardings)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    updates = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
+    return graphdef, {"params": params, "opt_state": opt_state, "updates": updates}
+
+
+def make_evaluator(spec: RunSpec):
+    """The real evaluator (cuda_eval), refusing to pretend: no GPU and no explicit compile-only request = an error."""
+    if spec.eval.device_type == "cuda" and spec.eval.mode != "compile_only" and visible_gpu_count() == 0:
+        raise RuntimeError(NO_GPU_MESSAGE)
+    return Evaluator(spec.eval)
+
+
+def _phase_times(rounds) -> dict[str, float]:
+    return {"sampling": float(sum(r.generate_s for r in rounds)),
+            "evaluation": float(sum(r.evaluate_s for r in rounds))}
+
+
+def _gather_trajectories(local: list[Trajectory]) -> list[Trajectory]:
+    parts = multihost.gather_json([t.to_dict() for t in local])
+    return [Trajectory.from_dict(d) for part in parts for d in part]
+
+
+def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int) -> tuple[list[Trajectory], dict]:
+    """This host's share of `tasks` rolled out, then everyone's trajectories gathered (same order on every host)."""
+    mine = multihost.host_share(tasks)
+    if jax.process_count() > 1:
+        log.info("host %d/%d rolls out %d of %d tasks", jax.process_index(), jax.process_count(), len(mine),
+                 len(tasks))
+    result = runner.run(mine, step=step, seed=seed)
+    times = _phase_times(result.rounds)
+    trajectories = _gather_trajectories(result.trajectories)
+    order = {t.task_id: i for i, t in enumerate(tasks)}
+    trajectories.sort(key=lambda t: (order[t.task_id], t.traj_index))
+    return trajectories, times
+
+
+def _split_from_meta(meta: Mapping) -> Split:
+    s = meta["split"]
+    return Split(tuple(s["train"]), tuple(s["holdout"]), s.get("seed"), dict(s.get("content_hashes", {})))
+
+
+def _split_to_meta(split: Split) -> dict:
+    return {"train": list(split.train), "holdout": list(split.holdout), "seed": split.seed,
+            "content_hashes": dict(split.content_hashes)}
+
+
+def _holdout_seed(seed: int) -> int:
+    return int(np.random.SeedSequence([seed, 0x401D]).generate_state(1)[0])
+
+
+def _headline(values: Mapping[str, float], compile_only: bool) -> dict[str, str]:
+    key = "rollout/compiled_rate" if compile_only else "rollout/correct_rate"
+    return {"score": f"{values.get('rollout/score_mean', 0):.3f}",
+            "compiled" if compile_only else "correct": f"{values.get(key, 0):.2f}",
+            "loss": f"{values.get('update0/loss', 0):.2e}", "s/step": f"{values.get('time/step', 0):.0f}"}
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> dict[str, float]:
+    """Trains until config.total_steps, resuming from the newest checkpoint in `workdir` if there is one.
+
+    evaluator: anything with cuda_eval's `evaluate(requests)` (tests pass fakes); default: cuda_eval.api.Evaluator
+    built from config.eval (it must be able to run kernels, or be explicitly compile-only).
+    Returns the scalars of the last step.
+    """
+    spec = parse_config(config)
+    workdir = Path(workdir).absolute()
+    parallel.initialize_distributed(spec.mesh)
+    is_main = jax.process_index() == 0
+    if spec.rl.tasks_per_step % jax.process_count():
+        raise ValueError(f"rl.tasks_per_step={spec.rl.tasks_per_step} must be a multiple of the number of hosts "
+                         f"({jax.process_count()}): each host rolls out its share of the tasks")
+    workdir.mkdir(parents=True, exist_ok=True)
+    kill = KillSwitch(spec.debug)
+
+    with contextlib.ExitStack() as stack:
+        if evaluator is None:
+            evaluator = stack.enter_context(make_evaluator(spec))
+        mode = getattr(evaluator, "mode", "full")
+        compile_only = mode == "compile_only"
+        tag = "[compile-only] " if compile_only else ""
+        if compile_only:
+            log.warning("%sno GPU: kernels are compiled but never run; a compiled kernel scores "
+                        "rl.compile_only_score=%g and every metric is tagged compile_only/", tag,
+                        spec.rl.compile_only_score)
+
+        # --- tasks, tokenizer, model, optimiser
+        tokenizer = load_tokenizer(spec.model.hf_checkpoint if spec.tokenizer.path == "model" else
+                                   (spec.tokenizer.path or None))
+        tasks = load_tasks(spec.tasks).tasks
+        global_mesh, local_mesh = multihost.build_meshes(spec.mesh)
+        arch = _architecture(spec)
+        if tokenizer.vocab_size > arch.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
+                             f"{arch.vocab_size}")
+        total_updates = spec.total_steps * spec.rl.updates_per_batch
+        schedule = rl_state.learning_rate_schedule(spec.optim, total_updates)
+        tx = rl_state.make_optimizer(spec.optim, total_updates)
+        checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", spec.ckpt)
+        stack.callback(checkpointer.close)
+        latest = checkpointer.latest_step()
+        reference, start_values = None, {}
+        if latest is None:
+            split = resolve_split(tasks, spec.tasks, write_to=workdir / "split.json" if is_main else None)
+            graphdef, params, start_values = starting_params(spec, global_mesh, select(tasks, split, "train"),
+                                                             tokenizer)
+            if spec.rl.kl_coef > 0:
+                reference = jax.tree.map(lambda x: x.copy(), params)
+            state = rl_state.init_state(params, tx)
+            del params
+            start_step = 1
+            log.info("%sfresh run in %s: %d steps", tag, workdir, spec.total_steps)
+        else:
+            graphdef, target = abstract_state(spec, global_mesh, tx)
+            state, meta = checkpointer.restore(latest, target)
+            if meta.get("seed") != spec.seed:
+                raise ValueError(f"{workdir} holds a run with seed {meta.get('seed')} but config.seed={spec.seed}: "
+                                 f"resume with the same config, or use a new workdir")
+            split = _split_from_meta(meta)
+            start_step = latest + 1
+            if spec.rl.kl_coef > 0:     # the reference policy is the starting one: rebuilt, deterministically
+                reference = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
+            log.info("%sresuming %s after step %d (%d updates done)", tag, workdir, latest,
+                     int(rl_state.to_host(state["updates"])))
+        if is_main:
+            (workdir / "config.json").write_text(json.dumps(_plain(config), indent=1, default=str) + "\n")
+        train_tasks = select(tasks, split, "train")
+        holdout_tasks = select(tasks, split, "holdout") if split.holdout else []
+        task_by_id = {t.task_id: t for t in tasks}
+        sampler_tasks = TaskSampler([t.task_id for t in train_tasks], spec.rl.tasks_per_step, spec.seed)
+
+        # --- policy (the sampler reads the train state's own parameters), environment, update
+        model = nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh))
+        policy = SamplerPolicy(model, spec.sampler, tokenizer=tokenizer, mesh=local_mesh)
+        env_policy = _KillingPolicy(policy, kill) if spec.debug.kill_at_phase else policy
+        env_evaluator = _KillingEvaluator(evaluator, kill) if spec.debug.kill_at_phase else evaluator
+        runner = EpisodeRunner(env_policy, env_evaluator, tokenizer, spec.env, spec.reward)
+        temperature = spec.sampler.temperature
+        updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature)
+        row_divisor = global_mesh.shape["data"] * global_mesh.shape["fsdp"]
+        constant_length = spec.rl.constant_length or spec.longest_response
+        max_row_len = -(-spec.sampler.max_seq_len // 256) * 256     # no sample is longer than the context
+        flops = logs.FlopModel.of(arch)
+        peak = logs.peak_flops(jax.devices()[0].device_kind)
+        prefix = "compile_only/" if compile_only else ""
+        writer = logs.MetricWriter(workdir, spec.log, prefix=prefix, is_writer=is_main)
+        stack.callback(writer.close)
+        if latest is not None:
+            writer.restart(start_step)
+        if start_values:
+            writer.write(0, start_values)
+        progress = logs.Progress(spec.total_steps, start_step, is_main and spec.log.progress,
+                                 " [compile-only]" if compile_only else "")
+        stack.callback(progress.close)
+        last: dict[str, float] = {}
+
+        for step in range(start_step, spec.total_steps + 1):
+            kill.step = step
+            t_step = time.perf_counter()
+            values: dict[str, float] = {}
+
+            # 1-2. rollouts on this step's tasks
+            runner.env = dataclasses.replace(spec.env, max_response_tokens=spec.max_response_tokens(step))
+            policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
+            step_tasks = [task_by_id[i] for i in sampler_tasks.tasks_for_step(step)]
+            t0 = time.perf_counter()
+            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed)
+            rollout_s = time.perf_counter() - t0
+            if compile_only:
+                rollout_stats.compile_only_rescore(trajectories, spec.reward, spec.rl.compile_only_score)
+            values.update({f"rollout/{k}": v for k, v in
+                           rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
+                                                         spec.log.thought_prefix).items()})
+            if jax.default_backend() == "gpu":
+                policy.engine.release_memory()          # the KV pool's memory goes to the update
+
+            # 3. updates
+            t0 = time.perf_counter()
+            sample_set = rl_batch.make_samples(trajectories, spec.rl, constant_length)
+            batches, layout = ([], None)
+            if sample_set.samples:
+                host_batches, layout = rl_batch.micro_batches(sample_set.samples, spec.rl, row_divisor,
+                                                              max_row_len)
+                batches = [updater.device_batch(mb) for mb in host_batches]
+                if reference is not None:
+                    for mb in batches:
+                        mb["ref_logprobs"] = updater.logprobs(reference, mb)
+            for u in range(spec.rl.updates_per_batch):
+                state, stats, trainer_logprobs = updater.update(state, batches, first=(u == 0))
+                if u == 0 and spec.rl.old_logprobs == "trainer":
+                    for mb, lp in zip(batches, trainer_logprobs):
+                        mb["trainer_old_logprobs"] = lp
+                values.update({f"update{u}/{k}": v for k, v in stats.items()})
+                kill("update")
+            update_s = time.perf_counter() - t0
+            del batches
+
+            # 4. metrics and trajectories
+            lengths = [len(s) for s in sample_set.samples]
+            all_lengths = [len(t.prompt_tokens) + len(t.response_tokens) for tr in trajectories for t in tr.turns]
+            update_flops = spec.rl.updates_per_batch * flops.train(lengths) + (
+                flops.forward(lengths) if reference is not None else 0.0)
+            sample_flops = flops.forward(all_lengths)
+            generated = sum(len(t.response_tokens) for tr in trajectories for t in tr.turns)
+            n_dev = jax.device_count()
+            values.update({
+                "time/sampling": phase["sampling"], "time/evaluation": phase["evaluation"],
+                "time/rollout": rollout_s, "time/update": update_s,
+                "perf/mfu_update": logs.mfu(update_flops, update_s, n_dev, peak),
+                "perf/mfu_sampling": logs.mfu(sample_flops, phase["sampling"], n_dev, peak),
+                "perf/generated_tokens_per_s": generated / max(phase["sampling"], 1e-9),
+                "perf/update_tokens_per_s": sum(lengths) * spec.rl.updates_per_batch / max(update_s, 1e-9),
+                "batch/samples_total": float(sample_set.total), "batch/samples_trained": float(len(lengths)),
+                "batch/skipped_zero_advantage": float(sample_set.skipped_zero_advantage),
+                "batch/micro_batches": float(layout.num_micro if layout else 0),
+                "batch/row_len": float(layout.row_len if layout else 0),
+                "batch/padding_fraction": (1 - sum(lengths) / layout.padded_tokens) if layout else 0.0,
+                "batch/max_response_tokens": float(runner.env.max_response_tokens),
+            })
+            if is_main and spec.log.trajectories:
+                logs.save_step_trajectories(workdir / "trajectories", step, trajectories)
+
+            # 5. checkpoint, held-out evaluation
+            t0 = time.perf_counter()
+            if checkpointer.due(step, spec.total_steps):
+                meta = {"step": step, "seed": spec.seed, "updates": spec.rl.updates_per_batch * step,
+                        "rng": {"seed": spec.seed, "rule": "sampling seed = env.episode.round_seed(seed, step, round)"},
+                        "task_sampler": sampler_tasks.state(step), "split": _split_to_meta(split),
+                        "compile_only": compile_only}
+                checkpointer.save(step, state, meta)
+                kill("checkpoint")
+            values["time/checkpoint"] = time.perf_counter() - t0
+            values["time/step"] = time.perf_counter() - t_step
+            values["perf/mfu_step"] = logs.mfu(update_flops + sample_flops, values["time/step"], n_dev, peak)
+            writer.write(step, values)
+            last = values
+            log.info("%sstep %d/%d: score %.3f, %s %.2f, sampling %.1fs, evaluation %.1fs, update %.1fs, "
+                     "MFU update %s", tag, step, spec.total_steps, values.get("rollout/score_mean", 0.0),
+                     "compiled" if compile_only else "correct",
+                     values.get("rollout/compiled_rate" if compile_only else "rollout/correct_rate", 0.0),
+                     phase["sampling"], phase["evaluation"], update_s,
+                     f"{values['perf/mfu_update']:.1%}" if np.isfinite(values["perf/mfu_update"]) else "n/a (CPU)")
+            progress.update(_headline(values, compile_only))
+
+            holdout_due = spec.holdout.every_steps and step % spec.holdout.every_steps == 0
+            if holdout_tasks and (holdout_due or (spec.holdout.at_end and step == spec.total_steps)):
+                t0 = time.perf_counter()
+                policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
+                runner.env = dataclasses.replace(spec.env, num_trajectories=spec.holdout.num_trajectories,
+                                                 max_response_tokens=spec.max_response_tokens(step))
+                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed))
+                if compile_only:
+                    rollout_stats.compile_only_rescore(held, spec.reward, spec.rl.compile_only_score)
+                scalars = {f"holdout/{k}": v for k, v in rollout_stats.rollout_scalars(
+                    held, spec.env.num_turns, spec.log.thought_prefix).items()}
+                scalars["time/holdout"] = time.perf_counter() - t0
+                writer.write(step, scalars)
+                if is_main and spec.log.trajectories:
+                    logs.save_step_trajectories(workdir / "holdout", step, held)
+                log.info("%sheld-out after step %d: score %.3f on %d tasks", tag, step,
+                         scalars.get("holdout/score_mean", 0.0), len(holdout_tasks))
+                last.update(scalars)
+        checkpointer.wait()
+    return {prefix + k: v for k, v in last.items()} if last else {}

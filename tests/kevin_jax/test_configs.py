@@ -1,0 +1,162 @@
+"""Run configs (configs/*.py): every dataclass field is present and overridable from the command line, unknown
+fields are errors, the recipes hold Kevin's numbers, config files do not import jax, GPU placement."""
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from cuda_eval.api import visible_gpu_count
+from kevin_jax import train
+from kevin_jax.placement import GpuConfig, apply_gpu_placement
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = ("kevin32b", "single_turn", "one_gpu", "tiny_cpu")
+sys.path.insert(0, str(REPO))          # config files import configs.common, as under launch/train.py
+
+
+def _load(name: str, *overrides: str):
+    argv = ["prog", f"--config={REPO / 'configs' / name}.py", *overrides]
+    fv = flags.FlagValues()
+    # sys_argv: config_flags defines the override flags it finds there (sys.argv under launch/train.py)
+    config_flags.DEFINE_config_file("config", str(REPO / "configs" / f"{name}.py"), flag_values=fv, sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+
+def _with_checkpoint(config):
+    if not config.model.shape:
+        config.model.hf_checkpoint = "/ckpt/QwQ-32B"
+    return config
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_field_of_every_section_is_in_the_config(name):
+    config = _load(name)
+    for section, types in train.SECTIONS.items():
+        fields = {f.name for t in types for f in dataclasses.fields(t)}
+        assert set(config[section].keys()) == fields, section
+    train.parse_config(_with_checkpoint(config))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_docstring_gives_the_command(name):
+    text = (REPO / "configs" / f"{name}.py").read_text()
+    assert f"python launch/train.py --config=configs/{name}.py" in text
+    assert "expect" in text.lower()
+
+
+def _override_text(value) -> str:
+    if isinstance(value, tuple):
+        return "(" + "".join(f"{_override_text(v)}," for v in value) + ")"
+    if isinstance(value, str):
+        return value
+    return repr(value)
+
+
+def test_every_field_can_be_overridden_on_the_command_line():
+    base = _load("tiny_cpu")
+    overrides = []
+    for section, types in train.SECTIONS.items():
+        for t in types:
+            for f in dataclasses.fields(t):
+                value = base[section][f.name]
+                if value is None or value == ():
+                    continue            # typed placeholders / empty tuples: covered below
+                overrides.append(f"--config.{section}.{f.name}={_override_text(value)}")
+    overrides += ["--config.seed=0", "--config.total_steps=3", "--config.response_schedule=2:600"]
+    config = _load("tiny_cpu", *overrides)
+    spec = train.parse_config(config)
+    assert spec.response_schedule == ((2, 600),)
+    assert spec.max_response_tokens(1) == 512 and spec.max_response_tokens(2) == 600
+
+
+def test_overrides_change_the_dataclasses():
+    config = _load("tiny_cpu", "--config.reward.gamma=0.8", "--config.rl.aggregation=token_mean",
+                   "--config.env.num_turns=1", "--config.mesh.coordinator_address=localhost:1234",
+                   "--config.mesh.num_processes=2", "--config.sampler.stop_ids=(5,7)",
+                   "--config.tasks.levels=(1,)", "--config.rl.kl_coef=0.05")
+    spec = train.parse_config(config)
+    assert spec.reward.gamma == 0.8 and spec.rl.aggregation == "token_mean" and spec.env.num_turns == 1
+    assert spec.mesh.coordinator_address == "localhost:1234" and spec.mesh.num_processes == 2
+    assert spec.sampler.stop_ids == (5, 7) and spec.tasks.levels == (1,) and spec.rl.kl_coef == 0.05
+
+
+def test_unknown_fields_are_errors():
+    with pytest.raises(Exception, match="nonexistent"):
+        _load("tiny_cpu", "--config.rl.nonexistent=1")
+    config = _load("tiny_cpu").to_dict()
+    config["rl"]["nonexistent"] = 1
+    with pytest.raises(ValueError, match=r"config.rl has unknown field\(s\) \['nonexistent'\]"):
+        train.parse_config(config)
+    config = _load("tiny_cpu").to_dict()
+    config["optimiser"] = {}
+    with pytest.raises(ValueError, match="unknown top-level entries"):
+        train.parse_config(config)
+    config = _load("tiny_cpu").to_dict()
+    config["rl"]["aggregation"] = "median"
+    with pytest.raises(ValueError, match="config.rl: rl.aggregation must be one of"):
+        train.parse_config(config)
+
+
+def test_kevin32b_is_kevins_recipe():
+    with pytest.raises(ValueError, match="model.hf_checkpoint"):
+        train.parse_config(_load("kevin32b"))
+    spec = train.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B"))
+    assert (spec.rl.tasks_per_step, spec.env.num_trajectories, spec.env.num_turns) == (8, 16, 4)
+    assert (spec.reward.gamma, spec.reward.aggregation, spec.reward.correct_weight) == (0.4, "sum", 0.3)
+    assert (spec.optim.learning_rate, spec.optim.warmup_fraction, spec.optim.grad_clip_norm) == (2e-6, 0.03, 0.05)
+    assert (spec.rl.clip_eps_low, spec.rl.clip_eps_high, spec.rl.updates_per_batch) == (0.2, 0.28, 2)
+    assert spec.rl.aggregation == "constant_length" and spec.rl.kl_coef == 0.0
+    assert spec.max_response_tokens(29) == 16384 and spec.max_response_tokens(30) == 22528
+    assert spec.sampler.temperature == 0.9
+    assert spec.tasks.levels == (1, 2) and spec.tasks.holdout_fraction == 0.1
+    assert spec.tokenizer.path == "model"
+    single = train.parse_config(_with_checkpoint(_load("single_turn")))
+    assert single.env.num_turns == 1 and single.reward.aggregation == "single_turn"
+    assert single.env.num_trajectories * single.env.num_turns == 64
+
+
+def test_config_files_do_not_import_jax():
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import importlib\n"
+            "for name in %r:\n"
+            "    importlib.import_module('configs.' + name).get_config()\n"
+            "assert 'jax' not in sys.modules, 'a config imported jax'\n") % (str(REPO), CONFIGS)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_too_short_context_is_an_error():
+    with pytest.raises(ValueError, match="sampler.max_seq_len"):
+        train.parse_config(_load("tiny_cpu", "--config.sampler.max_seq_len=2048"))
+
+
+@pytest.mark.skipif(visible_gpu_count() > 0, reason="checks the message shown where there is no GPU")
+def test_no_gpu_says_so_and_points_to_the_tiny_config():
+    spec = train.parse_config(_load("one_gpu"))
+    with pytest.raises(RuntimeError) as e:
+        train.make_evaluator(spec)
+    assert "needs an NVIDIA GPU" in str(e.value) and "configs/tiny_cpu.py" in str(e.value)
+
+
+def test_gpu_placement():
+    env = {}
+    changes = apply_gpu_placement(GpuConfig(jax_memory_fraction=0.5), "all", 1, env)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.500" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert "JAX_CUDA_VISIBLE_DEVICES" not in changes
+    env = {}
+    apply_gpu_placement(GpuConfig(jax_devices="0,1,2,3,4,5"), "6,7", 8, env)
+    assert env == {"JAX_CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"}
+    env = {}
+    apply_gpu_placement(GpuConfig(jax_devices="0,1"), "1,2", 4, env)
+    assert env["JAX_CUDA_VISIBLE_DEVICES"] == "0,1" and "XLA_PYTHON_CLIENT_MEM_FRACTION" in env
+    assert apply_gpu_placement(GpuConfig(), "all", 0, {}) == {}
+    with pytest.raises(ValueError, match="names GPU"):
+        apply_gpu_placement(GpuConfig(jax_devices="9"), "all", 2, {})
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}           # the user's own setting wins
+    apply_gpu_placement(GpuConfig(), "all", 1, env)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3"
