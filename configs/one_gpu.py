@@ -1,9 +1,10 @@
 """One GPU, nothing to download: a Qwen2.5-0.5B-shaped policy with the built-in tokenizer on the built-in tasks.
 
-The randomly initialised policy is first taught the answer format by a short supervised warm start on the built-in
-reference solutions (warm_start.steps), so that from step 1 it writes real CUDA kernels that cuda_eval compiles, runs,
-checks and times on the same GPU (JAX capped at 50% of the GPU's memory, the rest for cuda_eval's workers). Per step:
-4 tasks x 8 trajectories x 4 turns, 2 updates.
+The randomly initialised policy is first taught the answer format by a short supervised warm start on the shipped
+warm-start corpus (warm_start.corpus="builtin": correct, wrong and non-compiling answers per built-in task, plus
+refinement turns after compile-error / wrong-output feedback), so that from step 1 it writes a mix of good and bad
+CUDA kernels that cuda_eval compiles, runs, checks and times on the same GPU (JAX capped at 50% of the GPU's memory,
+the rest for cuda_eval's workers). Per step: 4 tasks x 8 trajectories x 4 turns, 2 updates.
 
 Command (the README's main command):
   python launch/train.py --config=configs/one_gpu.py --workdir=/tmp/kevin_one_gpu
@@ -11,8 +12,11 @@ Command (the README's main command):
 What to expect (measured on an H200, 2026-11-21, docs/LOG.md): start-up and the warm start's compile ~10 s, then
 ~1.3 s per warm-start step with the answer NLL falling from 12.0 (0.72 after 150 steps, which proved too few: 9-25%
 of first answers had a code block and none compiled into a correct kernel, so every advantage was zero; hence 400
-steps here, not yet re-measured). Then one line per step, "step k/10: score ..., correct ..., sampling ~20-45 s,
-evaluation ..., update ..., MFU update ..%"; the first step is slower by JAX compiles and cold nvcc builds (~10 s per
+steps here; with the corpus (90 training examples, mean 2.3k tokens, longest 6k) a step packs longer rows, so expect
+~1.5-2.5 s per step: not yet measured). To warm-start once and start several RL runs from it, run launch/sft.py with
+this config and pass its output as --config.model.hf_checkpoint (README, "Warm start / SFT").
+Then one line per step, "step k/10: score ..., correct ..., sampling ~20-45 s, evaluation ..., update ...,
+MFU update ..%"; the first step is slower by JAX compiles and cold nvcc builds (~10 s per
 distinct kernel on 16 cores, cached afterwards). TensorBoard: <workdir>/tensorboard (~90 scalars per step).
 """
 from configs import common
@@ -37,6 +41,7 @@ def get_config():
     c.gpu.jax_memory_fraction = 0.5
     c.warm_start.steps = 400                # 150 left NLL 0.72 and no parseable kernels (docs/LOG.md)
     c.warm_start.learning_rate = 3e-4
+    c.warm_start.corpus = "builtin"           # mixed-quality, multi-turn examples (kevin_jax/sft.py)
     c.holdout.every_steps = 5
     c.holdout.num_trajectories = 4
     c.ckpt.every_steps = 5

@@ -299,11 +299,13 @@ def initial_params(spec: RunSpec, mesh) -> tuple[Any, Any]:
 
 def starting_params(spec: RunSpec, mesh, train_tasks, tokenizer) -> tuple[Any, Any, dict]:
     """(graphdef, parameters, scalars) of the policy at step 0: initial parameters, then the optional warm start."""
-    graphdef, params = initial_params(spec, mesh)
     if not spec.warm_start.steps:
-        return graphdef, params, {}
+        return (*initial_params(spec, mesh), {})
+    # the examples first: a bad data file fails before the model is built
     renderer = PromptRenderer(tokenizer, spec.env.max_prompt_tokens, spec.env.gpu_name, spec.env.one_shot)
-    samples = warm_start_examples(spec.warm_start, train_tasks, renderer, tokenizer.eos_id)
+    samples = warm_start_examples(spec.warm_start, train_tasks, renderer, tokenizer.eos_id,
+                                  max_response_tokens=spec.longest_response)
+    graphdef, params = initial_params(spec, mesh)
     params, stats = warm_start(graphdef, params, spec.warm_start, samples, mesh, spec.rl, spec.seed)
     return graphdef, params, stats
 

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -144,12 +144,13 @@ def turn_score(parsed: Mapping, verdict: Mapping, config: RewardConfig) -> float
     return kernel_score(verdict, config)
 
 
-def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig) -> None:
+def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
+                   score_of: Callable[[Any], float] | None = None) -> None:
     """Fills score, return and advantage of every turn in place: returns within each trajectory, advantages over all
-    turn-samples of the same task."""
+    turn-samples of the same task. `score_of(turn)` replaces the reward's score of a turn (compile-only runs)."""
     returns, groups, turns = [], [], []
     for traj in trajectories:
-        scores = [turn_score(t.parsed, t.verdict, config) for t in traj.turns]
+        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, config) for t in traj.turns]
         for t, s, r in zip(traj.turns, scores, discounted_returns(scores, config)):
             t.score, t.return_ = float(s), float(r)
             returns.append(r)

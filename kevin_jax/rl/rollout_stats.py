@@ -10,8 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kevin_jax.env.episode import Trajectory
-from kevin_jax.rl.scores import RewardConfig, counts_as_correct, discounted_returns, group_advantages
+from kevin_jax.env.episode import Trajectory, assign_returns
+from kevin_jax.rl.scores import RewardConfig, counts_as_correct
 
 
 def _correct(turn) -> bool:
@@ -31,16 +31,8 @@ def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfi
     """Without a GPU nothing runs, so every kernel scores 0 under the real reward. This replaces each turn's score by
     `compiled_score` for a well-formed, unflagged kernel that compiled (else 0), then recomputes returns and
     advantages with the run's reward settings (in place)."""
-    returns, groups, turns = [], [], []
-    for traj in trajectories:
-        scores = [compiled_score if _compiled(t) and not t.verdict.get("hack_flags") else 0.0 for t in traj.turns]
-        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, reward)):
-            t.score, t.return_ = float(s), float(r)
-            returns.append(r)
-            groups.append(traj.task_id)
-            turns.append(t)
-    for t, a in zip(turns, group_advantages(returns, groups, reward)):
-        t.advantage = float(a)
+    assign_returns(trajectories, reward,
+                   score_of=lambda t: compiled_score if _compiled(t) and not t.verdict.get("hack_flags") else 0.0)
 
 
 def thought_of(turn) -> str:

@@ -129,6 +129,7 @@ def load_kernelbench_dir(root: str | Path, levels: Iterable[int] | None = None) 
     for level, level_dir in sorted(level_dirs.items()):
         if wanted is not None and level not in wanted:
             continue
+        found_before = len(tasks)
         for path in sorted(level_dir.iterdir()):
             if path.suffix != ".py" or path.name == "__init__.py" or not path.is_file():
                 continue
@@ -146,7 +147,23 @@ def load_kernelbench_dir(root: str | Path, levels: Iterable[int] | None = None) 
                 skipped.append(SkippedTask(str(path), "; ".join(problems)))
                 continue
             tasks.append(Task(level, int(match.group(1)), match.group(2), source, str(path)))
+        if len(tasks) == found_before:
+            log.warning("%s holds no loadable task", level_dir)
+    tasks = _drop_superseded(tasks, skipped)
     return _finish(tasks, skipped, str(base))
+
+
+def _drop_superseded(tasks: list[Task], skipped: list[SkippedTask]) -> list[Task]:
+    """Some KernelBench commits keep `<id>_<Name>_OLD.py` beside the live `<id>_<Name2>.py`: the old version is not a
+    task. An _OLD file that is the only one with its id stays (it is then the task)."""
+    live = {(t.level, t.problem_id) for t in tasks if not t.name.endswith("_OLD")}
+    kept = []
+    for t in tasks:
+        if t.name.endswith("_OLD") and (t.level, t.problem_id) in live:
+            skipped.append(SkippedTask(t.path, "superseded *_OLD.py version of a task that exists under the same id"))
+        else:
+            kept.append(t)
+    return kept
 
 
 def _level_dirs(base: Path) -> dict[int, Path]:

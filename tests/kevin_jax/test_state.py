@@ -38,7 +38,8 @@ def _model(mesh):
         single = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
         _MODEL["base"] = nnx.split(qwen2.init_sharded(shapes.named_config("tiny"), OPTIONS, single, seed=3))
     graphdef, params = _MODEL["base"]
-    params = jax.device_put(params, qwen2.param_shardings(params, mesh))
+    # a copy: device_put onto the same sharding may alias the cached arrays, which a donating update would delete
+    params = jax.tree.map(jnp.copy, jax.device_put(params, qwen2.param_shardings(params, mesh)))
     return graphdef, params
 
 

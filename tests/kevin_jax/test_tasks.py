@@ -16,7 +16,7 @@ from kevin_jax.tasks import (Split, Task, TasksConfig, builtin_solutions, defaul
                              save_split, select)
 from kevin_jax.tasks.kernelbench import normalise_source, reference_problems
 
-SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "kernelbench_sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "kernelbench_layout"
 GOOD = textwrap.dedent("""\
     import torch
     import torch.nn as nn
@@ -117,7 +117,7 @@ def test_builtin_references_run_on_cpu():
 
 # --- a KernelBench checkout -------------------------------------------------------------------------------------------
 
-def test_real_kernelbench_files_load_completely():
+def test_kernelbench_layout_files_with_real_quirks_load_completely():
     loaded = load_kernelbench_dir(SAMPLE_DIR)  # the repo root: finds its KernelBench/ folder
     assert loaded.skipped == ()
     assert [t.task_id for t in loaded.tasks] == [
@@ -162,10 +162,25 @@ def test_broken_references_are_skipped_with_their_file_names(tmp_path, caplog):
 
 def test_duplicate_problem_ids_are_kept_and_logged(tmp_path, caplog):
     write(tmp_path / "level2" / "23_Conv3d_GroupNorm_Mean.py", GOOD)
-    write(tmp_path / "level2" / "23_Conv3d_GroupNorm_Mean_OLD.py", GOOD)
+    write(tmp_path / "level2" / "23_Conv3d_Mean.py", GOOD)
     with caplog.at_level(logging.WARNING):
         loaded = load_kernelbench_dir(tmp_path)
     assert len(loaded.tasks) == 2 and "used twice" in caplog.text
+
+
+def test_old_versions_beside_their_live_task_are_skipped_but_a_lone_old_file_is_the_task(tmp_path, caplog):
+    write(tmp_path / "level2" / "23_Conv3d_GroupNorm_Mean.py", GOOD)
+    write(tmp_path / "level2" / "23_Conv3d_GroupNorm_Mean_OLD.py", GOOD)
+    write(tmp_path / "level2" / "83_Conv3d_GroupNorm_Min_Clamp_Dropout_OLD.py", GOOD)
+    write(tmp_path / "level3" / "__init__.py", "")
+    with caplog.at_level(logging.WARNING):
+        loaded = load_kernelbench_dir(tmp_path)
+    assert [t.task_id for t in loaded.tasks] == ["L2/23_Conv3d_GroupNorm_Mean",
+                                                 "L2/83_Conv3d_GroupNorm_Min_Clamp_Dropout_OLD"]
+    assert [(Path(s.path).name, s.reason.split()[0]) for s in loaded.skipped] == [
+        ("23_Conv3d_GroupNorm_Mean_OLD.py", "superseded")]
+    assert "used twice" not in caplog.text
+    assert "holds no loadable task" in caplog.text          # the empty level3/
 
 
 def test_dir_loader_errors(tmp_path):

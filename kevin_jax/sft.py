@@ -1,0 +1,314 @@
+"""Supervised fine-tuning of the policy on (prompt, response) examples: the trainer's warm start and launch/sft.py.
+
+Examples come from JSONL files, one JSON object per line, in one of three forms:
+- corpus records (kevin_jax/data/warm_start_corpus.jsonl, written by scripts/make_warm_start_corpus.py):
+  {"task_id": "L1/1_LeakyReLU", "attempts": [{"code", "summary", "feedback"}, ...], "response": "...",
+   "quality": "correct" | "wrong" | "compile_error", ...}. The prompt is the environment's own: the first-turn prompt
+  of the task (no attempts) or its refinement prompt with those attempts (env.prompts.PromptRenderer), so the
+  policy learns exactly the multi-turn format RL shows it;
+- {"prompt": "<user message>", "response": "..."}: the prompt rendered as one user turn with the chat template;
+- {"messages": [{"role": ..., "content": ...}, ..., {"role": "assistant", "content": "<response>"}]}: the
+  conversation before the last (assistant) message is the prompt, rendered with the chat template.
+The response is the text the model writes after the generation prompt (for QwQ's template: inside the opened
+<think>, so "thought </think> answer"), followed by the end-of-turn token. The loss is the mean negative
+log-likelihood of the response tokens (prompt tokens masked: rl.batch puts the loss only on response targets),
+averaged over the step's examples, optimised with Adam.
+
+launch/sft.py runs `run(config, workdir)`: the run config's model (random init or HF checkpoint), tokenizer and env
+settings, the `warm_start` section's optimiser settings and corpus, and writes an HF checkpoint directory that
+train.py starts from with --config.model.shape= --config.model.hf_checkpoint=<workdir> --config.warm_start.steps=0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from kevin_jax import parallel
+from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError
+from kevin_jax.rl import batch as rl_batch
+from kevin_jax.rl.loss import RLConfig
+from kevin_jax.rl.state import put_global, to_host
+
+log = logging.getLogger(__name__)
+
+BUILTIN_CORPUS = Path(__file__).resolve().parent / "data" / "warm_start_corpus.jsonl"
+QUALITIES = ("correct", "wrong", "compile_error")
+THOUGHT = "Okay, I will replace the operators with a custom CUDA kernel that computes the same result."
+ROLES = ("system", "user", "assistant")
+
+
+class SFTDataError(ValueError):
+    """A bad SFT data file: the message names the file and, where it applies, the line."""
+
+
+def answer_text(code: str, summary: str = "a custom CUDA kernel replaces the PyTorch operators.") -> str:
+    """A QwQ-style answer (written after the template's opening <think>): thought, code block, summary."""
+    return f"{THOUGHT}\n</think>\n\n```python\n{code.strip()}\n```\n\nSummary: {summary}"
+
+
+# ---------------------------------------------------------------------------------------------------- data
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One supervised example; exactly one of task_id, prompt and messages says what the prompt is."""
+    response: str
+    task_id: str | None = None
+    attempts: tuple[Attempt, ...] = ()
+    prompt: str | None = None
+    messages: tuple[tuple[str, str], ...] = ()     # (role, content) before the response
+    quality: str = ""
+    kind: str = ""                                 # "first_turn" | "refinement" for corpus records
+    where: str = ""                                # "file:line", for error messages
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind or 'example'}/{self.quality or 'unlabelled'}"
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+    """"builtin" = the shipped warm-start corpus; anything else is a file path."""
+    return BUILTIN_CORPUS if str(path) == "builtin" else Path(path).expanduser()
+
+
+def _text(obj: Mapping, key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise SFTDataError(f"{where}: {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _example(obj: Any, where: str) -> Example:
+    if not isinstance(obj, dict):
+        raise SFTDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    forms = [k for k in ("task_id", "prompt", "messages") if k in obj]
+    if len(forms) != 1:
+        raise SFTDataError(f"{where}: a record needs exactly one of 'task_id' (corpus record), 'prompt' (with "
+                           f"'response') or 'messages' (chat, the last one the assistant's); found {forms or 'none'}")
+    quality, kind = obj.get("quality", ""), obj.get("kind", "")
+    if quality and quality not in QUALITIES:
+        raise SFTDataError(f"{where}: unknown quality {quality!r}; known: {QUALITIES}")
+    if forms == ["messages"]:
+        messages = obj["messages"]
+        if not isinstance(messages, list) or len(messages) < 2:
+            raise SFTDataError(f"{where}: 'messages' must be a list of at least two messages (a prompt and the "
+                               f"assistant's response)")
+        pairs = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise SFTDataError(f"{where}: messages[{i}] must be {{'role': one of {ROLES}, 'content': str}}")
+            pairs.append((m["role"], m["content"]))
+        if pairs[-1][0] != "assistant":
+            raise SFTDataError(f"{where}: the last message must be the assistant's (the response to learn)")
+        if "response" in obj:
+            raise SFTDataError(f"{where}: give the response as the last message, not also as 'response'")
+        return Example(pairs[-1][1], messages=tuple(pairs[:-1]), quality=quality, kind=kind, where=where)
+    response = _text(obj, "response", where)
+    if not response.strip():
+        raise SFTDataError(f"{where}: empty 'response'")
+    if forms == ["prompt"]:
+        return Example(response, prompt=_text(obj, "prompt", where), quality=quality, kind=kind, where=where)
+    attempts = obj.get("attempts", [])
+    if not isinstance(attempts, list):
+        raise SFTDataError(f"{where}: 'attempts' must be a list")
+    parsed = []
+    for i, a in enumerate(attempts):
+        if not isinstance(a, dict) or set(a) != {"code", "summary", "feedback"}:
+            raise SFTDataError(f"{where}: attempts[{i}] must be {{'code', 'summary', 'feedback'}}")
+        if a["code"] is not None and not isinstance(a["code"], str):
+            raise SFTDataError(f"{where}: attempts[{i}].code must be a string or null")
+        parsed.append(Attempt(a["code"], _text(a, "summary", f"{where}: attempts[{i}]"),
+                              _text(a, "feedback", f"{where}: attempts[{i}]")))
+    return Example(response, task_id=_text(obj, "task_id", where), attempts=tuple(parsed), quality=quality,
+                   kind=kind or ("refinement" if parsed else "first_turn"), where=where)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Example]:
+    """Every example of a JSONL file ("builtin" = the shipped corpus); blank lines are skipped. Raises
+    SFTDataError naming the file (missing, a directory, empty) or the line (bad JSON, bad record)."""
+    file = resolve_path(path)
+    if not file.exists():
+        raise SFTDataError(f"SFT data file {file} does not exist")
+    if not file.is_file():
+        raise SFTDataError(f"SFT data path {file} is not a file")
+    out = []
+    with open(file, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{file}:{number}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SFTDataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            out.append(_example(obj, where))
+    if not out:
+        raise SFTDataError(f"SFT data file {file} has no examples (it is empty)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- rendering
+def prompt_tokens(example: Example, renderer: PromptRenderer, task_sources: Mapping[str, str]) -> list[int]:
+    """The prompt of an example rendered exactly as the environment renders prompts (same renderer, template)."""
+    if example.task_id is not None:
+        source = task_sources[example.task_id]
+        if example.attempts:
+            rendered = renderer.refinement(source, example.attempts)
+            if rendered.attempts_dropped:
+                log.info("%s: %d earlier attempt(s) dropped to fit max_prompt_tokens=%d, as the environment "
+                         "would", example.where, rendered.attempts_dropped, renderer.max_prompt_tokens)
+            return rendered.token_ids
+        return renderer.first_turn(source).token_ids
+    if example.prompt is not None:
+        ids = renderer.encode(renderer.render_text(example.prompt))
+    else:
+        messages = [{"role": r, "content": c} for r, c in example.messages]
+        if renderer.has_chat_template:
+            text = renderer.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:   # the renderer's plain fallback format, one block per message
+            text = "".join(f"{r.capitalize()}:\n{c}\n\n" for r, c in example.messages) + "Assistant:\n"
+        ids = renderer.encode(text)
+    if len(ids) > renderer.max_prompt_tokens:
+        raise PromptTooLongError(f"the prompt has {len(ids)} tokens, over max_prompt_tokens="
+                                 f"{renderer.max_prompt_tokens}")
+    return ids
+
+
+def to_samples(examples: Sequence[Example], renderer: PromptRenderer, end_token: int,
+               task_sources: Mapping[str, str], max_response_tokens: int | None = None) -> list[rl_batch.Sample]:
+    """Update samples: prompt tokens, response tokens + end token, each response token weighted 1/len(response)
+    (so that the summed loss is the example's mean response NLL). Corpus records need their task in
+    `task_sources` (the caller drops records of held-out tasks first). An example whose prompt cannot fit
+    max_prompt_tokens (even with its earliest attempts dropped, as the environment drops them) or whose response
+    is over `max_response_tokens` is one the run would never see: it is left out with a warning naming it; none
+    left is an error."""
+    out, skipped = [], []
+    for ex in examples:
+        if ex.task_id is not None and ex.task_id not in task_sources:
+            raise SFTDataError(f"{ex.where}: task {ex.task_id!r} is not among the {len(task_sources)} tasks given")
+        try:
+            prompt = prompt_tokens(ex, renderer, task_sources)
+        except PromptTooLongError as e:
+            skipped.append(f"{ex.where}: {e}")
+            continue
+        response = renderer.encode(ex.response) + [end_token]
+        if max_response_tokens is not None and len(response) > max_response_tokens:
+            skipped.append(f"{ex.where}: the response has {len(response)} tokens, over {max_response_tokens} "
+                           f"(env.max_response_tokens)")
+            continue
+        out.append(rl_batch.Sample(prompt, response, [0.0] * len(response), 1.0, 1.0 / len(response)))
+    if skipped:
+        log.warning("SFT: %d of %d examples do not fit the run's token limits and are left out, e.g.\n  %s",
+                    len(skipped), len(examples), "\n  ".join(skipped[:3]))
+    if not out:
+        raise SFTDataError(f"none of the {len(examples)} examples fits the run's token limits:\n  "
+                           + "\n  ".join(skipped[:5]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def response_nll_fn(graphdef, mesh, rl: RLConfig):
+    """loss(params, micro_batch) = -sum over response targets of weight * log p (prompt and padding masked)."""
+    def loss_fn(params, mb):
+        with parallel.activation_sharding(mesh):
+            logp = nnx.merge(graphdef, params).token_logprobs(mb["tokens"], mb["positions"], mb["segment_ids"],
+                                                              mb["targets"], chunk_size=rl.logprob_chunk)
+        return -jnp.sum(jnp.where(mb["loss_mask"], mb["loss_weights"] * logp, 0.0))
+    return loss_fn
+
+
+def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RLConfig, *, steps: int,
+              learning_rate: float, batch_size: int, seed: int, log_prefix: str = "sft") -> tuple[Any, dict]:
+    """Adam on the mean response NLL; every step uses a seeded random batch of `batch_size` samples, packed into
+    micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated.
+    Returns (params, {prefix/first_nll, prefix/last_nll, prefix/examples})."""
+    if not samples:
+        raise ValueError("fine_tune: no samples")
+    tx = optax.adam(learning_rate)
+    opt_state = jax.jit(tx.init)(params)
+    batch_sharding = parallel.batch_sharding(mesh, 2)
+    divisor = mesh.shape["data"] * mesh.shape["fsdp"]
+    per_step = min(len(samples), batch_size)
+    grad_fn = jax.jit(jax.value_and_grad(response_nll_fn(graphdef, mesh, rl)))
+    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+
+    @jax.jit
+    def apply_fn(p, o, grads, scale):
+        updates, o = tx.update(jax.tree.map(lambda g: g * scale, grads), o, p)
+        return optax.apply_updates(p, updates), o
+
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5F7]))
+    first = last = float("nan")
+    for i in range(steps):
+        chosen = [samples[j] for j in sorted(rng.choice(len(samples), per_step, replace=False))]
+        mbs, _ = rl_batch.micro_batches(chosen, rl, divisor)
+        total_loss, grads = 0.0, None
+        for mb in mbs:
+            loss, g = grad_fn(params, {k: put_global(v, batch_sharding) for k, v in mb.items()})
+            grads = g if grads is None else add(grads, g)
+            total_loss = total_loss + loss
+        # the mean over the step's examples of each example's mean response-token NLL
+        params, opt_state = apply_fn(params, opt_state, grads, jnp.float32(1.0 / len(chosen)))
+        if i == 0 or i == steps - 1 or (i + 1) % max(1, steps // 5) == 0:
+            last = float(to_host(total_loss)) / len(chosen)
+            first = last if i == 0 else first
+            log.info("%s step %d/%d: answer NLL %.4f", log_prefix, i + 1, steps, last)
+    return params, {f"{log_prefix}/first_nll": first, f"{log_prefix}/last_nll": last,
+                    f"{log_prefix}/examples": float(len(samples))}
+
+
+# ---------------------------------------------------------------------------------------------------- launch
+def tokenizer_files_dir(spec) -> str:
+    """Where the run's tokenizer files are (copied next to the SFT checkpoint so that it is self-contained)."""
+    from kevin_jax.model.tokenizer import BUILTIN_DIR
+    if spec.tokenizer.path == "model":
+        return spec.model.hf_checkpoint
+    return spec.tokenizer.path or BUILTIN_DIR
+
+
+def run(config: Any, workdir: str | os.PathLike) -> dict[str, float]:
+    """Initial policy of the run config (model section), fine-tuned by its warm_start section (steps, corpus,
+    optimiser) on its training tasks, written as an HF checkpoint (float32) into `workdir` with sft_stats.json."""
+    from kevin_jax import train      # train imports this module (through rl.warm_start): import at call time
+    from kevin_jax.model import hf
+    from kevin_jax.model.tokenizer import load_tokenizer
+    from kevin_jax.rl import multihost
+    from kevin_jax.tasks import load_tasks, resolve_split, select
+
+    spec = train.parse_config(config)
+    if spec.warm_start.steps <= 0:
+        raise ValueError("SFT needs --config.warm_start.steps > 0 (and usually --config.warm_start.corpus=<path> "
+                         "or builtin)")
+    workdir = Path(workdir).absolute()
+    if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+        raise FileExistsError(f"{workdir} exists and is not an empty directory: choose a new --workdir")
+    parallel.initialize_distributed(spec.mesh)
+    tokenizer = load_tokenizer(spec.model.hf_checkpoint if spec.tokenizer.path == "model" else
+                               (spec.tokenizer.path or None))
+    tasks = load_tasks(spec.tasks).tasks
+    split = resolve_split(tasks, spec.tasks)
+    mesh, _ = multihost.build_meshes(spec.mesh)
+    graphdef, params, stats = train.starting_params(spec, mesh, select(tasks, split, "train"), tokenizer)
+    if jax.process_index() == 0:
+        tmp = workdir.with_name(workdir.name + ".tmp")
+        if tmp.exists():
+            import shutil
+            shutil.rmtree(tmp)
+        hf.save_hf_checkpoint(nnx.merge(graphdef, params), tmp, dtype=None, tokenizer_dir=tokenizer_files_dir(spec))
+        (tmp / "sft_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+        (tmp / "sft_config.json").write_text(json.dumps(train._plain(config), indent=1, default=str) + "\n")
+        workdir.parent.mkdir(parents=True, exist_ok=True)
+        if workdir.exists():
+            workdir.rmdir()          # empty (checked above)
+        os.replace(tmp, workdir)
+        log.info("SFT checkpoint in %s: start RL from it with --config.model.shape= --config.model.hf_checkpoint=%s "
+                 "--config.warm_start.steps=0", workdir, workdir)
+    return stats

@@ -1,0 +1,290 @@
+"""Supervised fine-tuning (kevin_jax.sft) and the warm-start corpus: the shipped corpus is in sync with the built-in
+solutions and covers every task with every quality; its refinement examples are rendered exactly like the
+environment's later-turn prompts; the loss counts response tokens only and falls on a tiny model; bad data files give
+errors that name the file and line; launch's run() writes an HF checkpoint that loads back."""
+import collections
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cuda_eval import feedback
+from cuda_eval.api import EvalResult
+
+from kevin_jax import parallel, sft
+from kevin_jax.env.episode import EnvConfig, EpisodeRunner
+from kevin_jax.env.prompts import PromptRenderer
+from kevin_jax.model import qwen2, shapes
+from kevin_jax.model.tokenizer import load_tokenizer
+from kevin_jax.rl import batch as rl_batch
+from kevin_jax.rl.loss import RLConfig
+from kevin_jax.rl.scores import RewardConfig
+from kevin_jax.rl.warm_start import WarmStartConfig, examples as warm_start_examples
+from kevin_jax.tasks import TasksConfig, builtin_solutions, load_tasks
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kevin_env_fakes import EvaluatorFake, ScriptedPolicyFake  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_NAME = "NVIDIA H100"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_warm_start_corpus",
+                                                  REPO / "scripts" / "make_warm_start_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return sft.read_jsonl("builtin")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {t.task_id: t for t in load_tasks(TasksConfig()).tasks}
+
+
+# ---------------------------------------------------------------------------------------------------- corpus
+def test_shipped_corpus_is_what_the_generator_writes():
+    assert sft.BUILTIN_CORPUS.read_text(encoding="utf-8") == _generator().corpus_text(), \
+        "run: python scripts/make_warm_start_corpus.py"
+    assert sft.BUILTIN_CORPUS.stat().st_size < 1 << 20
+
+
+def test_corpus_covers_every_builtin_task_with_every_quality(corpus, tasks):
+    assert set(tasks) == {s.task_id for s in builtin_solutions()}
+    labels = collections.defaultdict(set)
+    for ex in corpus:
+        labels[ex.task_id].add(ex.label)
+    expected = {"first_turn/correct", "first_turn/wrong", "first_turn/compile_error", "refinement/correct"}
+    assert {t: labels[t] for t in tasks} == {t: expected for t in tasks}
+    chains = collections.Counter((ex.task_id, len(ex.attempts)) for ex in corpus if ex.kind == "refinement")
+    assert all(chains[(t, 1)] == 2 and chains[(t, 2)] == 1 for t in tasks)
+
+
+def test_corpus_answers_are_the_solutions_and_one_deliberate_compile_error(corpus):
+    from kevin_jax.env.parse import parse_response
+    sources = {(s.task_id, s.kind): s.source.strip() for s in builtin_solutions()}
+    for ex in corpus:
+        code = parse_response(ex.response, prompt_opens_thought=True).code
+        if ex.quality in ("correct", "wrong"):
+            assert code.strip() == sources[(ex.task_id, ex.quality)]
+        else:
+            good = sources[(ex.task_id, "correct")]
+            assert code.count("threadIdx_x") == 1 and code.replace("threadIdx_x", "threadIdx.x", 1).strip() == good
+
+
+def test_corpus_feedback_is_the_evaluators_rendering_and_claims_no_speedup(corpus):
+    gen = _generator()
+    for ex in corpus:
+        for a in ex.attempts:
+            assert "speedup" not in a.feedback.lower() and " ms " not in a.feedback
+            if a.feedback.startswith("Your kernel failed to compile"):
+                broken = a.code
+                _, log = gen.with_compile_error(broken.replace("threadIdx_x", "threadIdx.x", 1))
+                expected = feedback.render(EvalResult("x", ex.task_id, "full", True, compiled=False, compile_log=log))
+                assert a.feedback == expected
+                line = log.splitlines()[0]
+                number = int(line[line.index("(") + 1:line.index(")")])
+                cuda_string = broken.split('r"""', 1)[1].split('"""', 1)[0]
+                assert "threadIdx_x" in cuda_string.split("\n")[number - 1]    # the line the log names
+            else:
+                assert a.feedback == ("Your kernel compiled and ran, but its output is incorrect (trial 1 of 5): "
+                                      "outputs differ.")
+
+
+def test_refinement_examples_render_exactly_like_the_environments_later_turns(corpus, tokenizer, tasks):
+    """A scripted episode answers the corpus' non-compiling answer, then its wrong answer; the evaluator fake gives
+    the verdicts the corpus' feedback describes. The environment's turn-2 and turn-3 prompts are the corpus'
+    refinement examples' prompts, token for token."""
+    task = tasks["L1/1_LeakyReLU"]
+    mine = [ex for ex in corpus if ex.task_id == task.task_id]
+    first = {ex.quality: ex for ex in mine if ex.kind == "first_turn"}
+    broken_log = _generator().with_compile_error(
+        next(s.source for s in builtin_solutions() if s.task_id == task.task_id and s.kind == "correct"))[1]
+
+    def judge(request):
+        if "threadIdx_x" in request.response:
+            result = EvalResult("x", task.task_id, "full", True, compiled=False, compile_log=broken_log)
+        else:
+            result = EvalResult("x", task.task_id, "full", True, compiled=True, correct=False, meta={"num_trials": 5},
+                                trials=[{"trial": 0, "max_abs_err": None, "max_rel_err": None,
+                                         "mismatch_frac": None, "passed": False, "message": None}])
+        return dict(compiled=result.compiled, correct=result.correct, speedup=None, compile_log=result.compile_log,
+                    feedback=feedback.render(result))
+
+    script = {0: first["compile_error"].response, 1: first["wrong"].response, 2: "Okay\n</think>\n\nSummary: done"}
+    env = EnvConfig(num_turns=3, num_trajectories=1, max_prompt_tokens=16384, max_response_tokens=4096,
+                    gpu_name=GPU_NAME)
+    runner = EpisodeRunner(ScriptedPolicyFake(tokenizer.hf, lambda text, turn: script[turn]), EvaluatorFake(judge),
+                           tokenizer, env, RewardConfig())
+    turns = runner.run([task]).trajectories[0].turns
+    renderer = PromptRenderer(tokenizer, env.max_prompt_tokens, GPU_NAME, env.one_shot)
+    refinements = {tuple(ex.attempts): ex for ex in mine if ex.kind == "refinement"}
+    one = next(ex for ex in refinements.values() if len(ex.attempts) == 1 and "compile" in ex.attempts[0].feedback)
+    two = next(ex for ex in refinements.values() if len(ex.attempts) == 2)
+    sources = {task.task_id: task.source}
+    assert sft.prompt_tokens(first["correct"], renderer, sources) == turns[0].prompt_tokens
+    assert sft.prompt_tokens(one, renderer, sources) == turns[1].prompt_tokens
+    assert sft.prompt_tokens(two, renderer, sources) == turns[2].prompt_tokens
+
+
+def test_warm_start_with_the_corpus_uses_training_tasks_only(tokenizer, tasks):
+    renderer = PromptRenderer(tokenizer, 16384, GPU_NAME)
+    train = [tasks["L1/1_LeakyReLU"], tasks["L1/6_LayerNorm"]]
+    samples = warm_start_examples(WarmStartConfig(steps=1, corpus="builtin"), train, renderer, tokenizer.eos_id)
+    assert len(samples) == 2 * 6          # per task: correct, wrong, compile error, 3 refinements
+    only = warm_start_examples(WarmStartConfig(steps=1, corpus="builtin", solution_tasks="L1/6_LayerNorm"), train,
+                               renderer, tokenizer.eos_id)
+    assert len(only) == 6
+    first_prompts = {tuple(renderer.first_turn(t.source).token_ids) for t in train}
+    assert sum(tuple(s.prompt_tokens) in first_prompts for s in samples) == 2 * 3
+    for s in samples:
+        assert s.response_tokens[-1] == tokenizer.eos_id and s.weight == pytest.approx(1 / len(s.response_tokens))
+    with pytest.raises(ValueError, match="answer_every_prompt"):
+        WarmStartConfig(steps=1, corpus="builtin", answer_every_prompt=True)
+
+
+# ---------------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("content, message", [
+    ("", "has no examples"),
+    ("\n\n", "has no examples"),
+    ('{"prompt": "a", "response": "b"}\n{"prompt": "a", "response": \n', r":2: not valid JSON"),
+    ('{"prompt": "a", "response": "b"}\n\n[1, 2]\n', r":3: expected a JSON object"),
+    ('{"prompt": "a"}\n', r":1: 'response' must be a string"),
+    ('{"prompt": "a", "response": "  "}\n', r":1: empty 'response'"),
+    ('{"response": "b"}\n', r":1: a record needs exactly one of"),
+    ('{"prompt": "a", "messages": [], "response": "b"}\n', r":1: a record needs exactly one of"),
+    ('{"messages": [{"role": "user", "content": "a"}]}\n', r":1: 'messages' must be a list of at least two"),
+    ('{"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}\n',
+     r":1: the last message must be the assistant's"),
+    ('{"messages": [{"role": "robot", "content": "a"}, {"role": "assistant", "content": "b"}]}\n',
+     r":1: messages\[0\] must be"),
+    ('{"task_id": "L1/1_LeakyReLU", "response": "b", "quality": "great"}\n', r":1: unknown quality 'great'"),
+    ('{"task_id": "L1/1_LeakyReLU", "response": "b", "attempts": [{"code": "x"}]}\n', r":1: attempts\[0\] must be"),
+])
+def test_bad_data_files_give_errors_with_file_and_line(tmp_path, content, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text(content)
+    with pytest.raises(sft.SFTDataError, match=message) as info:
+        sft.read_jsonl(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_directory_and_unknown_task(tmp_path, tokenizer):
+    with pytest.raises(sft.SFTDataError, match="does not exist"):
+        sft.read_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(sft.SFTDataError, match="is not a file"):
+        sft.read_jsonl(tmp_path)
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"task_id": "L9/nope", "response": "b"}\n')
+    renderer = PromptRenderer(tokenizer, 4096, GPU_NAME)
+    with pytest.raises(sft.SFTDataError, match=r"d.jsonl:1: task 'L9/nope' is not among"):
+        sft.to_samples(sft.read_jsonl(path), renderer, tokenizer.eos_id, {"L1/1_LeakyReLU": "x"})
+
+
+def test_examples_over_the_token_limits_are_left_out_and_none_left_is_an_error(tmp_path, tokenizer):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "short", "response": "ok"}) + "\n"
+                    + json.dumps({"prompt": "long " * 500, "response": "ok"}) + "\n"
+                    + json.dumps({"prompt": "short", "response": "long " * 500}) + "\n")
+    renderer = PromptRenderer(tokenizer, 200, GPU_NAME)
+    samples = sft.to_samples(sft.read_jsonl(path), renderer, tokenizer.eos_id, {}, max_response_tokens=100)
+    assert len(samples) == 1
+    with pytest.raises(sft.SFTDataError, match="none of the 3 examples fits"):
+        sft.to_samples(sft.read_jsonl(path), PromptRenderer(tokenizer, 5, GPU_NAME), tokenizer.eos_id, {})
+
+
+def test_user_formats_render_with_the_chat_template(tmp_path, tokenizer):
+    path = tmp_path / "d.jsonl"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}]
+    path.write_text(json.dumps({"prompt": "hi", "response": "hello"}) + "\n" + json.dumps({"messages": messages}))
+    renderer = PromptRenderer(tokenizer, 4096, GPU_NAME)
+    plain, chat = sft.to_samples(sft.read_jsonl(path), renderer, tokenizer.eos_id, {})
+    assert plain.prompt_tokens == renderer.encode(renderer.render_text("hi"))
+    assert tokenizer.decode(chat.prompt_tokens) == tokenizer.hf.apply_chat_template(
+        messages[:2], add_generation_prompt=True, tokenize=False)
+    assert plain.response_tokens == chat.response_tokens == renderer.encode("hello") + [tokenizer.eos_id]
+
+
+# ---------------------------------------------------------------------------------------------------- training
+RL = RLConfig(min_row_len=64, logprob_chunk=64)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    mesh = parallel.make_mesh(parallel.ParallelConfig(), jax.devices()[:1])
+    options = qwen2.ModelOptions(dtype="float32", attention="xla", remat="none")
+    graphdef, params = nnx.split(qwen2.init_sharded(shapes.named_config("tiny"), options, mesh, seed=0))
+    return graphdef, params, mesh
+
+
+def _samples(tokenizer):
+    renderer = PromptRenderer(tokenizer, 4096, GPU_NAME)
+    pairs = [("Write a ReLU kernel.", "Okay\n</think>\n\nout[i] = x[i] > 0 ? x[i] : 0;\n\nSummary: relu"),
+             ("Write an add kernel.", "Okay\n</think>\n\nout[i] = a[i] + b[i];\n\nSummary: add")]
+    examples = [sft.Example(r, prompt=p) for p, r in pairs]
+    return sft.to_samples(examples, renderer, tokenizer.eos_id, {})
+
+
+def test_loss_counts_response_tokens_only(tiny, tokenizer):
+    graphdef, params, mesh = tiny
+    sample = _samples(tokenizer)[0]
+    (mb,), _ = rl_batch.micro_batches([sample], RL)
+    loss = float(jax.jit(sft.response_nll_fn(graphdef, mesh, RL))(params, {k: jnp.asarray(v) for k, v in mb.items()}))
+    seq = np.array(list(sample.prompt_tokens) + list(sample.response_tokens), np.int32)[None]
+    logp = np.asarray(nnx.merge(graphdef, params).token_logprobs(jnp.asarray(seq[:, :-1]), None, None,
+                                                                 jnp.asarray(seq[:, 1:]), chunk_size=64))[0]
+    p, r = len(sample.prompt_tokens), len(sample.response_tokens)
+    response_part = logp[p - 1:p - 1 + r]                 # positions predicting the response tokens
+    assert loss == pytest.approx(-response_part.mean(), rel=1e-4)
+    assert abs(loss + logp.mean()) > 10 * 1e-4 * loss     # 10x the tolerance: the all-position mean differs
+    assert mb["loss_mask"].sum() == r
+
+
+def test_loss_falls_in_a_few_steps_on_a_tiny_model(tiny, tokenizer):
+    graphdef, params, mesh = tiny
+    _, stats = sft.fine_tune(graphdef, params, _samples(tokenizer), mesh, RL, steps=12, learning_rate=1e-2,
+                             batch_size=2, seed=0)
+    assert stats["sft/last_nll"] < 0.5 * stats["sft/first_nll"], stats
+    assert stats["sft/first_nll"] > 5 and stats["sft/examples"] == 2
+
+
+def test_run_writes_an_hf_checkpoint_that_loads_back(tmp_path):
+    """launch/sft.py's library call on the tiny CPU config with a user JSONL (short rows: a fast compile)."""
+    sys.path.insert(0, str(REPO))
+    from configs import tiny_cpu
+    from kevin_jax.model import hf
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"kernel {i}", "response": f"Okay\n</think>\n\nanswer {i}"}) + "\n"
+                            for i in range(3)))
+    config = tiny_cpu.get_config()
+    config.warm_start.corpus = str(data)
+    config.warm_start.answer_every_prompt = False
+    config.warm_start.solution_tasks = ""
+    config.warm_start.steps = 2
+    config.rl.min_row_len = 64
+    out = tmp_path / "sft"
+    stats = sft.run(config, out)
+    assert stats["warm_start/examples"] == 3 and np.isfinite(stats["warm_start/last_nll"])
+    assert json.loads((out / "sft_stats.json").read_text()) == stats
+    loaded = hf.load_hf_checkpoint(out, qwen2.ModelOptions(dtype="float32", attention="xla", remat="none"))
+    assert loaded.config.num_hidden_layers == shapes.named_config("tiny").num_hidden_layers
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        sft.run(config, out)
