@@ -22,10 +22,11 @@ __global__ void spin_kernel(volatile int* flag) {
     while (*flag == 0) { }
 }
 
-__global__ void null_write_kernel(float* y, long n) {
-    float* bad = nullptr;
+// The wild pointer arrives as an argument: a null pointer the device compiler can see is undefined behaviour it may
+// optimise away (the store vanished on the H200 run of 2026-11-21 and the candidate passed as correct).
+__global__ void wild_write_kernel(const float* y, float* wild, long n) {
     long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (i < n) bad[i * 7919] = y[i];
+    if (i < n) wild[i * 7919] = y[i];
 }
 
 torch::Tensor relu_forward(torch::Tensor x) {
@@ -51,7 +52,8 @@ torch::Tensor spin_forever(torch::Tensor x) {
 torch::Tensor write_through_null(torch::Tensor x) {
     auto y = relu_forward(x);
     long n = x.numel();
-    null_write_kernel<<<(n + 255) / 256, 256>>>(y.data_ptr<float>(), n);
+    float* wild = reinterpret_cast<float*>(static_cast<uintptr_t>(x.dim() > 8 ? 1 : 0) << 12);  // page 0: never mapped
+    wild_write_kernel<<<(n + 255) / 256, 256>>>(y.data_ptr<float>(), wild, n);
     return y;
 }
 
