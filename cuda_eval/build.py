@@ -534,13 +534,17 @@ class Builder:
             result.error_kind = "compile_error"
         return result
 
+    def _spec_flags(self, spec: ExtensionSpec) -> dict:
+        """The toolchain's compile/link flags for one extension, with the flags its load_inline/load call passed."""
+        return self.toolchain.flags(spec.name, with_cuda=spec.uses_cuda, extra_cflags=spec.extra_cflags,
+                                    extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
+                                    extra_include_paths=spec.extra_include_paths)
+
     # one load_inline extension
     def _build_inline(self, spec: ExtensionSpec, build_dir: str, runner: _Runner, result: BuildResult) -> None:
         tc, cfg = self.toolchain, self.config
         with_cuda = spec.uses_cuda
-        flags = tc.flags(spec.name, with_cuda=with_cuda, extra_cflags=spec.extra_cflags,
-                         extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
-                         extra_include_paths=spec.extra_include_paths)
+        flags = self._spec_flags(spec)
         cflags = flags["cflags"]  # host_opt_level concerns the .cu host pass only (main.cpp is pybind glue)
         objects: dict[str, str] = {}
         logs: dict[str, str] = {}
@@ -656,9 +660,7 @@ class Builder:
     def _build_files(self, spec: ExtensionSpec, build_dir: str, runner: _Runner, result: BuildResult) -> None:
         tc, cfg = self.toolchain, self.config
         with_cuda = spec.uses_cuda
-        flags = tc.flags(spec.name, with_cuda=with_cuda, extra_cflags=spec.extra_cflags,
-                         extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
-                         extra_include_paths=spec.extra_include_paths)
+        flags = self._spec_flags(spec)
         result.header_mode = "exact"
         for name, content in spec.source_files:
             self._write(build_dir, name, content, runner)

@@ -79,40 +79,13 @@ def init_state(params: nnx.State, tx: optax.GradientTransformation) -> dict[str,
         replicated = jax.sharding.NamedSharding(leaf_sharding.mesh, jax.sharding.PartitionSpec())
     else:
         replicated = leaf_sharding
-    param_shardings = jax.tree.map(lambda x: x.sharding, params)
-    shapes = jax.eval_shape(tx.init, params)
-    # Moments take the sharding of the param of the same shape path; anything else (counts) is replicated.
-    opt_shardings = jax.tree.map(lambda _: replicated, shapes)
-    opt_shardings = _match_param_shardings(shapes, opt_shardings, params, param_shardings)
+    # Moments take their param's sharding (optax finds the params-shaped subtrees); counts are replicated.
+    opt_shardings = optax.tree_utils.tree_map_params(
+        tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), jax.tree.map(lambda x: x.sharding, params),
+        transform_non_params=lambda _: replicated)
     opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
     return {"params": params, "opt_state": opt_state,
             "updates": put_global(np.zeros((), np.int32), replicated)}
-
-
-def _match_param_shardings(shapes, default, params, param_shardings):
-    """Optax states hold copies of the params tree (mu, nu): give their leaves the params' shardings."""
-    param_struct = jax.tree.structure(params)
-    flat_params = jax.tree.leaves(param_shardings)
-
-    def visit(shape_node, default_node):
-        try:
-            if jax.tree.structure(shape_node) == param_struct:
-                return jax.tree.unflatten(param_struct, flat_params)
-        except Exception:       # not a pytree comparable to params
-            pass
-        return None
-
-    def rec(shape_node, default_node):
-        matched = visit(shape_node, default_node)
-        if matched is not None:
-            return matched
-        if isinstance(shape_node, jax.ShapeDtypeStruct):
-            return default_node
-        children, treedef = jax.tree.flatten(shape_node, is_leaf=lambda n: n is not shape_node)
-        dchildren = jax.tree.flatten(default_node, is_leaf=lambda n: n is not default_node)[0]
-        return jax.tree.unflatten(treedef, [rec(c, d) for c, d in zip(children, dchildren)])
-
-    return rec(shapes, default)
 
 
 def state_shardings(state: Any) -> Any:
