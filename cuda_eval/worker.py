@@ -582,8 +582,7 @@ class JobRunner:
 
     def _forward_ms(self) -> float:
         """The candidate's measured forward time (ms), or 0 before/without timing."""
-        timing_stats = getattr(self, "timing", None) or {}
-        return float(timing_stats.get("median_ms") or 0.0) if isinstance(timing_stats, dict) else 0.0
+        return float((self.timing or {}).get("median_ms") or 0.0)
 
     def trace_kernels(self) -> None:
         inputs = self.make_inputs(self.seed + 777)
