@@ -12,7 +12,7 @@ Examples come from JSONL files, one JSON object per line, in one of three forms:
 The response is the text the model writes after the generation prompt (for QwQ's template: inside the opened
 <think>, so "thought </think> answer"), followed by the end-of-turn token. The loss is the mean negative
 log-likelihood of the response tokens (prompt tokens masked: rl.batch puts the loss only on response targets),
-averaged over the step's examples, optimised with Adam.
+averaged over the step's examples, optimised with Adam (clipped, warm-up then cosine decay: `optimizer`).
 
 launch/sft.py runs `run(config, workdir)`: the run config's model (random init or HF checkpoint), tokenizer and env
 settings, the `warm_start` section's optimiser settings and corpus, and writes an HF checkpoint directory that
@@ -225,6 +225,16 @@ def response_nll_fn(graphdef, mesh, rl: RLConfig):
     return loss_fn
 
 
+def optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
+    """Adam after a global-norm clip, on a linear warm-up (a tenth of the steps, at most 50) then a cosine decay to a
+    tenth of the peak: a randomly initialised policy at a memorising learning rate diverges without the warm-up, and
+    the decay lets the last steps settle on the answers rather than bounce around them."""
+    warmup = max(1, min(50, steps // 10))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(steps, warmup + 1),
+                                                  end_value=learning_rate / 10)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
+
+
 def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RLConfig, *, steps: int,
               learning_rate: float, batch_size: int, seed: int, log_prefix: str = "sft") -> tuple[Any, dict]:
     """Adam on the mean response NLL; every step uses a seeded random batch of `batch_size` samples, packed into
@@ -232,7 +242,7 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
     Returns (params, {prefix/first_nll, prefix/last_nll, prefix/examples})."""
     if not samples:
         raise ValueError("fine_tune: no samples")
-    tx = optax.adam(learning_rate)
+    tx = optimizer(learning_rate, steps)
     opt_state = jax.jit(tx.init)(params)
     batch_sharding = parallel.batch_sharding(mesh, 2)
     divisor = mesh.shape["data"] * mesh.shape["fsdp"]

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Issue 9's demo on one GPU, one stage per device call (each under the 10-minute call limit); every stage resumes or
-# skips what an earlier call finished, so a stage cut by the time limit is simply called again.
+# Issue 9's demo on one GPU (configs/warm_start_demo.py), one stage per call; every stage resumes or skips what an
+# earlier call finished, so a stage cut by its time limit is simply called again. Stages can also run back to back in
+# one background plan (benchmarks/device/background.sh).
 #   bash benchmarks/device/warm_start_demo.sh sft                   # SFT on the shipped corpus -> workdirs/demo/sft
 #   bash benchmarks/device/warm_start_demo.sh rl multi_seed0 0      # multi-turn RL from the SFT checkpoint
 #   bash benchmarks/device/warm_start_demo.sh rl multi_seed1 1
 #   bash benchmarks/device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 \
 #        --config.env.num_trajectories=32 --config.reward.aggregation=single_turn   # same 32 kernels/task/step
 #   bash benchmarks/device/warm_start_demo.sh summary               # table + summary.json + PNG curves in $OUT
-# Knobs: RUNS (workdirs/demo: git-ignored, kept between calls on a warm machine), SFT_STEPS (300), RL_STEPS (8),
-# LIMIT_S (560: the stage's own time limit, under the call's). Logs go to $OUT before their tail is printed.
+# Knobs: CONFIG (configs/warm_start_demo.py), RUNS (workdirs/demo: git-ignored, kept between calls on a warm
+# machine), SFT_STEPS and RL_STEPS (default: the config's), LIMIT_S (560: the stage's own time limit, under the
+# call's). Logs go to $OUT before their tail is printed.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RUNS=${RUNS:-workdirs/demo}; mkdir -p "$RUNS"
 LIMIT_S=${LIMIT_S:-560}
+CONFIG=${CONFIG:-configs/warm_start_demo.py}
 if ls .whl/ml_collections*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/ml_collections*.whl && export PYTHONPATH=/tmp/site
@@ -24,22 +27,22 @@ case "$stage" in
   sft)
     if [ -f "$RUNS/sft/config.json" ]; then echo "SFT checkpoint already in $RUNS/sft"; exit 0; fi
     rm -rf "$RUNS/sft" "$RUNS/sft.tmp"
-    timeout "$LIMIT_S" python3 launch/sft.py --config=configs/one_gpu.py --workdir="$RUNS/sft" \
-      --config.warm_start.steps="${SFT_STEPS:-300}" "$@" > "$OUT/sft.log" 2>&1
+    timeout "$LIMIT_S" python3 launch/sft.py --config="$CONFIG" --workdir="$RUNS/sft" \
+      ${SFT_STEPS:+--config.warm_start.steps=$SFT_STEPS} "$@" > "$OUT/sft.log" 2>&1
     rc=$?; echo "sft: rc=$rc after ${SECONDS}s"; grep -E "answer NLL|SFT checkpoint|Error" "$OUT/sft.log" | tail -20
     tail -c 1500 "$OUT/sft.log"
     cp "$RUNS/sft/sft_stats.json" "$OUT/" 2>/dev/null; exit $rc ;;
   rl)
     name=${1:?run name}; seed=${2:?seed}; shift 2
     [ -f "$RUNS/sft/config.json" ] || { echo "no SFT checkpoint in $RUNS/sft: run the sft stage first"; exit 1; }
-    timeout "$LIMIT_S" python3 launch/train.py --config=configs/one_gpu.py --workdir="$RUNS/$name" \
+    timeout "$LIMIT_S" python3 launch/train.py --config="$CONFIG" --workdir="$RUNS/$name" \
       --config.seed="$seed" --config.model.shape= --config.model.hf_checkpoint="$RUNS/sft" \
-      --config.warm_start.steps=0 --config.total_steps="${RL_STEPS:-8}" --config.ckpt.every_steps=1 \
-      --config.holdout.every_steps=0 --config.holdout.at_end=False --config.log.progress=False "$@" \
+      --config.warm_start.steps=0 ${RL_STEPS:+--config.total_steps=$RL_STEPS} --config.log.progress=False "$@" \
       >> "$OUT/rl_$name.log" 2>&1
     rc=$?; echo "rl $name: rc=$rc after ${SECONDS}s"
     grep -E "step [0-9]+/|resuming|fresh run" "$OUT/rl_$name.log" | tail -20
     tail -c 1500 "$OUT/rl_$name.log"
+    mkdir -p "$OUT/tensorboard_$name"; cp -r "$RUNS/$name/tensorboard/." "$OUT/tensorboard_$name/" 2>/dev/null
     [ $rc -eq 124 ] && echo "cut at ${LIMIT_S}s: call the same stage again to resume"
     exit $rc ;;
   summary)

@@ -15,7 +15,7 @@ from kevin_jax import train
 from kevin_jax.placement import GpuConfig, apply_gpu_placement
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = ("kevin32b", "single_turn", "one_gpu", "tiny_cpu")
+CONFIGS = ("kevin32b", "single_turn", "one_gpu", "tiny_cpu", "warm_start_demo")
 sys.path.insert(0, str(REPO))          # config files import configs.common, as under launch/train.py
 
 
