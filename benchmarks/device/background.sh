@@ -6,7 +6,8 @@
 #   bash benchmarks/device/background.sh plan benchmarks/device/plans/NAME.sh   # the same, a command per line
 #   bash benchmarks/device/background.sh wait 560     # until everything ended or 560 s passed; copies to $OUT
 # Stage k runs with OUT=$BG/k and its stdout+stderr in $BG/k.log; $BG/progress has a line per start and end.
-# Everything under $BG is copied to $OUT at every `wait`, so a machine lost mid-plan loses only the stage in flight.
+# Everything under $BG is packed into $OUT/background.tgz at every `wait`, so a machine lost mid-plan loses only the
+# stage in flight (keep big outputs such as checkpoints out of $BG: a file over 16 MiB does not come back).
 set -u
 BG=${BG:-/tmp/kevin_bg}
 OUT=${OUT:-/tmp/out}
@@ -34,7 +35,8 @@ case "${1:-}" in
   wait)
     limit=${2:-560}; t0=$SECONDS
     while [ $((SECONDS - t0)) -lt "$limit" ] && ! grep -q "all done" "$BG/progress" 2>/dev/null; do sleep 5; done
-    mkdir -p "$OUT"; cp -r "$BG"/. "$OUT"/ 2>/dev/null
+    # one archive: the device tool brings back at most 8 files from $OUT
+    mkdir -p "$OUT"; tar czf "$OUT/background.tgz" -C "$(dirname "$BG")" "$(basename "$BG")" 2>/dev/null
     cat "$BG/progress" 2>/dev/null
     current=$(ls -t "$BG"/*.log 2>/dev/null | head -1)
     [ -n "$current" ] && { echo "--- tail of $current"; tail -c 2500 "$current"; } ;;
