@@ -1,5 +1,6 @@
 """Issue 9's numbers from RL workdirs: per step, mean score, correct fraction, share of fast kernels among correct ones
-(speedup > 1), and kernels evaluated; a table, a JSON file and PNG curves.
+(speedup > 1), kernels evaluated, format-ok share, stop reasons and the commonest format errors; a table, a JSON
+file, PNG curves and samples_<run>.txt (the first responses of the first and last step).
 
     python benchmarks/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
@@ -11,24 +12,37 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 
-def step_stats(path: Path) -> dict:
+def load_turns(path: Path) -> list[dict]:
     turns = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 turns += json.loads(line)["turns"]
+    return turns
+
+
+def step_stats(path: Path) -> dict:
+    turns = load_turns(path)
     verdicts = [t.get("verdict") or {} for t in turns]
     correct = [v for v, t in zip(verdicts, turns)
                if v.get("correct") is True and not v.get("hack_flags") and t["parsed"].get("format_error") is None]
     fast = [v for v in correct if (v.get("speedup") or 0.0) > 1.0]
     n = max(1, len(turns))
+    # why answers never reached the compiler: a run with no compiled kernel is diagnosed from these (docs/LOG.md)
+    format_errors = Counter((t["parsed"].get("format_error") or "")[:80] for t in turns
+                            if t["parsed"].get("format_error") is not None)
     return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
             "correct_fraction": len(correct) / n,
             "compiled_fraction": sum(v.get("compiled") is True for v in verdicts) / n,
-            "fast_share_of_correct": len(fast) / len(correct) if correct else None}
+            "fast_share_of_correct": len(fast) / len(correct) if correct else None,
+            "format_ok_fraction": 1.0 - sum(format_errors.values()) / n,
+            "format_errors": dict(format_errors.most_common(5)),
+            "stop_reasons": dict(Counter(t.get("stop_reason") for t in turns)),
+            "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n}
 
 
 def run_stats(workdir: Path) -> list[dict]:
@@ -42,6 +56,21 @@ def run_stats(workdir: Path) -> list[dict]:
         stats["step"] = int(re.search(r"(\d+)", p.stem).group(1))
         out.append(stats)
     return out
+
+
+def write_samples(workdir: Path, out: Path, per_step: int = 3, chars: int = 2500) -> None:
+    """The first responses of the first and the last step, cut to `chars`: what the policy actually wrote."""
+    files = sorted((workdir / "trajectories").glob("step_*.jsonl"),
+                   key=lambda p: int(re.search(r"(\d+)", p.stem).group(1)))
+    lines = []
+    for p in dict.fromkeys([files[0], files[-1]]):
+        for t in load_turns(p)[:per_step]:
+            v = t.get("verdict") or {}
+            lines += [f"===== {workdir.name} {p.stem} turn {t['turn']}: stop {t.get('stop_reason')}, "
+                      f"{len(t.get('response_tokens') or [])} tokens, format_error {t['parsed'].get('format_error')!r}, "
+                      f"compiled {v.get('compiled')}, correct {v.get('correct')}",
+                      t.get("response_text", "")[:chars], ""]
+    (out / f"samples_{workdir.name}.txt").write_text("\n".join(lines))
 
 
 def main() -> None:
@@ -58,7 +87,15 @@ def main() -> None:
             fast = "-" if s["fast_share_of_correct"] is None else f"{s['fast_share_of_correct']:.2f}"
             print(f"| {name} | {s['step']} | {s['kernels']} | {s['score_mean']:.3f} | {s['correct_fraction']:.3f} | "
                   f"{s['compiled_fraction']:.3f} | {fast} |")
+    print("\n| run | step | format ok | response tokens (mean) | stop reasons | top format errors |")
+    print("|---|---|---|---|---|---|")
+    for name, steps in runs.items():
+        for s in (steps[0], steps[-1]) if len(steps) > 1 else steps:
+            print(f"| {name} | {s['step']} | {s['format_ok_fraction']:.3f} | {s['response_tokens_mean']:.0f} | "
+                  f"{s['stop_reasons']} | {s['format_errors']} |")
     (args.out / "summary.json").write_text(json.dumps(runs, indent=1) + "\n")
+    for w in args.workdirs:
+        write_samples(w, args.out)
     try:
         import matplotlib
         matplotlib.use("Agg")

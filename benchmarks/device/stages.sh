@@ -42,7 +42,7 @@ for s in $STAGES; do
     throughput) run throughput 300 python3 benchmarks/eval_throughput.py --out "$OUT/eval_throughput.json" ;;
     sampler) run sampler 420 python3 benchmarks/sampler.py --budget-s $(( $(limit sampler 420) - 40 )) \
                --out "$OUT/sampler.json" ;;
-    eval) run eval 300 python3 benchmarks/eval_builtin.py --timeout-s $(( $(limit eval 300) - 20 )) \
+    eval) run eval 560 python3 benchmarks/eval_builtin.py --timeout-s $(( $(limit eval 560) - 20 )) \
             ${EVAL_PARTS:+--parts=$EVAL_PARTS} --out "$OUT/eval" ;;
     train)
       run train 300 python3 launch/train.py --config=configs/one_gpu.py --workdir=/tmp/kevin_one_gpu \

@@ -143,16 +143,16 @@ class PallasParams:
     interpret: bool
 
 
-# Automatic blocking (first principles, to be confirmed by the sweep in benchmarks/sampler.py): decode attention is a
-# stream of K/V pages, so what matters is bytes in flight per SM. 64 keys x 128 dims of K and of V are 32 KB per
-# pipeline stage; 3 stages (96 KB of shared memory) leave room for two programs per SM on an H100/H200 (228 KB).
-# Each program walks >= 512 keys so that its pipeline reaches a steady state, and tables longer than 16k keys get
-# longer programs so that the partial outputs combined afterwards (16 padded query rows per split) stay small.
+# Automatic blocking: the winner of benchmarks/sampler.py's sweep on the H200 (docs/LOG.md, session 4): 64 keys per
+# block, >= 512 keys per program, 4 warps, ONE pipeline stage. One stage needs a third of the shared memory of three,
+# so more programs share an SM and hide each other's latency: at batch 512, attention took 14.3 ms/step (1.5B) and
+# 23.2-23.9 ms (7B) against 18.7 ms and >= 30.9 ms with 3 stages, our first-principles guess. Tables longer than 16k
+# keys get longer programs so that the partial outputs combined afterwards (16 padded query rows per split) stay small.
 _AUTO_BLOCK_TOKENS = 64
 _AUTO_SPLIT_TOKENS = 512
 _AUTO_MAX_SPLITS = 32
 _AUTO_WARPS = 4
-_AUTO_STAGES = 3
+_AUTO_STAGES = 1
 
 
 def pallas_params(geometry: PoolGeometry, interpret: bool, *, block_tokens: int = 0, split_tokens: int = 0,
