@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -24,6 +25,8 @@ from typing import Any, Sequence
 from cuda_eval import checks, feedback
 from cuda_eval.candidate import extract_code  # re-exported: env.parse uses the same extraction
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "extract_code"]
 
@@ -292,8 +295,17 @@ class Evaluator:
             raise RuntimeError("Evaluator is closed")
         return [self._submit_one(r) for r in requests]
 
-    def evaluate(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
-        return [f.result() for f in self.submit(requests)]
+    def evaluate(self, requests: Sequence[EvalRequest], progress_every_s: float = 30.0) -> list[EvalResult]:
+        """Verdicts in request order. A batch of cold compiles can take minutes: a line every `progress_every_s`
+        says how many verdicts are in, so that a long evaluation is not mistaken for a hang."""
+        futures = self.submit(requests)
+        pending, started = set(futures), time.monotonic()
+        while pending:
+            _, pending = concurrent.futures.wait(pending, timeout=progress_every_s)
+            if pending:
+                log.info("cuda_eval: %d of %d verdicts after %.0f s", len(futures) - len(pending), len(futures),
+                         time.monotonic() - started)
+        return [f.result() for f in futures]
 
     def close(self) -> None:
         if self._closed:

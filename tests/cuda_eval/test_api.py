@@ -2,8 +2,10 @@
 results, configuration errors, no torch in the trainer process, and compile_only verdicts with the real nvcc."""
 import concurrent.futures
 import json
+import logging
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -85,6 +87,32 @@ def outcome(result=None, **kw) -> WorkerOutcome:
 def make_evaluator(script, tmp_path, **cfg):
     config = EvalConfig(mode="full", ref_timing_cache_dir=str(tmp_path / "ref"), **cfg)
     return Evaluator(config, compile_pool=CompilePoolFake(), gpu_pool=GpuPoolFake(script))
+
+
+class SlowGpuPoolFake(GpuPoolFake):
+    """Answers each job `delay_s` later, from another thread, as the real pool does."""
+
+    def __init__(self, script, delay_s):
+        super().__init__(script)
+        self.delay_s = delay_s
+
+    def submit(self, payload, timeout_s):
+        self.payloads.append(payload)
+        f = concurrent.futures.Future()
+        threading.Timer(self.delay_s, lambda: f.set_result(self.script(payload))).start()
+        return f
+
+
+def test_a_slow_batch_says_how_many_verdicts_are_in(tmp_path, caplog):
+    config = EvalConfig(mode="full", ref_timing_cache_dir=str(tmp_path / "ref"))
+    ev = Evaluator(config, compile_pool=CompilePoolFake(),
+                   gpu_pool=SlowGpuPoolFake(lambda p: outcome(worker_result()), delay_s=0.5))
+    with caplog.at_level(logging.INFO, logger="cuda_eval.api"):
+        results = ev.evaluate([EvalRequest("t", RELU_TASK, "no code here", "a"),
+                               EvalRequest("t", RELU_TASK, response(HONEST), "b")], progress_every_s=0.1)
+    assert [r.request_id for r in results] == ["a", "b"] and results[1].correct
+    progress = [r.getMessage() for r in caplog.records if "verdicts after" in r.getMessage()]
+    assert progress and progress[0].startswith("cuda_eval: 1 of 2 verdicts after")
 
 
 def test_order_and_branches(tmp_path):
