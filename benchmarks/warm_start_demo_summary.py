@@ -45,23 +45,21 @@ def step_stats(path: Path) -> dict:
             "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n}
 
 
-def run_stats(workdir: Path) -> list[dict]:
-    files = sorted((workdir / "trajectories").glob("step_*.jsonl"),
-                   key=lambda p: int(re.search(r"(\d+)", p.stem).group(1)))
+def step_files(workdir: Path) -> list[tuple[int, Path]]:
+    files = sorted((int(re.search(r"(\d+)", p.stem).group(1)), p)
+                   for p in (workdir / "trajectories").glob("step_*.jsonl"))
     if not files:
         raise SystemExit(f"{workdir}: no trajectories/step_*.jsonl (was the run started with log.trajectories?)")
-    out = []
-    for p in files:
-        stats = step_stats(p)
-        stats["step"] = int(re.search(r"(\d+)", p.stem).group(1))
-        out.append(stats)
-    return out
+    return files
+
+
+def run_stats(workdir: Path) -> list[dict]:
+    return [{**step_stats(p), "step": step} for step, p in step_files(workdir)]
 
 
 def write_samples(workdir: Path, out: Path, per_step: int = 3, chars: int = 2500) -> None:
     """The first responses of the first and the last step, cut to `chars`: what the policy actually wrote."""
-    files = sorted((workdir / "trajectories").glob("step_*.jsonl"),
-                   key=lambda p: int(re.search(r"(\d+)", p.stem).group(1)))
+    files = [p for _, p in step_files(workdir)]
     lines = []
     for p in dict.fromkeys([files[0], files[-1]]):
         for t in load_turns(p)[:per_step]:

@@ -11,10 +11,6 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${*:-"probe tests train"}
-if ls .whl/ml_collections*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/ml_collections*.whl && export PYTHONPATH=/tmp/site
-fi
 stage() { echo "=== $(date +%T) $*"; }
 limit() { local v="${1^^}_S"; echo "${!v:-$2}"; }
 # run NAME DEFAULT_LIMIT_S CMD...: the command's output to $OUT/NAME.log, then its tail
@@ -26,7 +22,7 @@ run() {
   return $rc
 }
 stage build
-python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+source benchmarks/device/setup.sh
 export CUDA_EVAL_RESULTS_DIR=$OUT
 PYTEST="python3 -m pytest -q -m gpu -rfE -p no:cacheprovider --durations=8"
 for s in $STAGES; do

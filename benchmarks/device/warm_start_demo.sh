@@ -16,11 +16,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RUNS=${RUNS:-workdirs/demo}; mkdir -p "$RUNS"
 LIMIT_S=${LIMIT_S:-560}
 CONFIG=${CONFIG:-configs/warm_start_demo.py}
-if ls .whl/ml_collections*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/ml_collections*.whl && export PYTHONPATH=/tmp/site
-fi
-python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+source benchmarks/device/setup.sh
 stage=${1:?stage: sft | rl NAME SEED [overrides...] | summary}; shift
 echo "=== $(date +%T) $stage $*"
 case "$stage" in
