@@ -18,7 +18,7 @@ case "${1:-}" in
     rm -rf "$BG"; mkdir -p "$BG"
     printf '%s\n' "$@" > "$BG/plan"
     setsid bash -c '
-      BG=$1; shift; k=0
+      export BG=$1; shift; k=0
       for cmd in "$@"; do
         k=$((k + 1)); mkdir -p "$BG/$k"
         echo "$(date +%T) start $k: $cmd" >> "$BG/progress"
@@ -39,6 +39,12 @@ case "${1:-}" in
     mkdir -p "$OUT"; tar czf "$OUT/background.tgz" -C "$(dirname "$BG")" "$(basename "$BG")" 2>/dev/null
     cat "$BG/progress" 2>/dev/null
     current=$(ls -t "$BG"/*.log 2>/dev/null | head -1)
-    [ -n "$current" ] && { echo "--- tail of $current"; tail -c 2500 "$current"; } ;;
+    [ -n "$current" ] && { echo "--- tail of $current"; tail -c 2500 "$current"; }
+    if [ -f "$BG/jobs/jobs.txt" ]; then
+      echo "--- GPU jobs (benchmarks/device/gpus.sh)"; cat "$BG/jobs/jobs.txt"
+      for started in "$BG"/jobs/*.started; do
+        job=${started%.started}; [ -f "$job.rc" ] || { echo "--- running: $(basename "$job")"; tail -c 600 "$job.log"; }
+      done
+    fi ;;
   *) echo "usage: background.sh start CMD... | plan FILE | wait SECONDS"; exit 2 ;;
 esac

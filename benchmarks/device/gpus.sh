@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Jobs pinned to one GPU each, for leases of several GPUs: runs of the one-GPU config side by side (each process sees
+# only its GPU through CUDA_VISIBLE_DEVICES; cuda_eval's workers inherit it). Meant for lines of a background plan.
+#   bash benchmarks/device/gpus.sh start NAME GPU "CMD"   # detached; CMD runs with OUT=$JOBS/NAME, log in $JOBS/NAME.log
+#   bash benchmarks/device/gpus.sh wait NAME...           # until each job has written $JOBS/NAME.rc (WAIT_S: 1500)
+# JOBS defaults to $BG/jobs, so that background.sh packs the jobs' outputs with everything else.
+set -u
+JOBS=${JOBS:-${BG:-/tmp/kevin_bg}/jobs}
+mkdir -p "$JOBS"
+case "${1:-}" in
+  start)
+    name=${2:?name} gpu=${3:?gpu} cmd=${4:?command}
+    [ -f "$JOBS/$name.started" ] && ! [ -f "$JOBS/$name.rc" ] && { echo "job $name is already running"; exit 1; }
+    rm -f "$JOBS/$name.rc"; mkdir -p "$JOBS/$name"; date +%T > "$JOBS/$name.started"
+    CUDA_VISIBLE_DEVICES=$gpu OUT="$JOBS/$name" setsid bash -c "( $cmd ); echo \$? > '$JOBS/$name.rc'" \
+      > "$JOBS/$name.log" 2>&1 < /dev/null &
+    echo "$(date +%T) job $name on GPU $gpu: $cmd" | tee -a "$JOBS/jobs.txt" ;;
+  wait)
+    shift; t0=$SECONDS; limit=${WAIT_S:-1500}; rc=0
+    for name in "$@"; do
+      [ -f "$JOBS/$name.started" ] || { echo "no job $name"; rc=1; continue; }
+      while [ ! -f "$JOBS/$name.rc" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
+      if [ -f "$JOBS/$name.rc" ]; then
+        echo "$(date +%T) job $name rc=$(cat "$JOBS/$name.rc")" | tee -a "$JOBS/jobs.txt"
+      else
+        echo "$(date +%T) job $name still running after ${limit}s" | tee -a "$JOBS/jobs.txt"; rc=1
+      fi
+    done
+    exit $rc ;;
+  *) echo "usage: gpus.sh start NAME GPU CMD | wait NAME..."; exit 2 ;;
+esac
