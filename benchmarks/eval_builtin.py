@@ -60,8 +60,10 @@ def launch(args: list[str], log_path: Path, timeout_s: float) -> float:
     return time.perf_counter() - t0
 
 
-def check_reference(out: Path) -> list[str]:
-    """Every built-in solution judged as expected (wrong = incorrect, correct = correct and clean)."""
+def check_reference(out: Path, torch_compile: bool = False) -> list[str]:
+    """Every built-in solution judged as expected (wrong = incorrect, correct = correct and clean); with
+    `torch_compile`, every correct one also has a torch.compile timing (session 5: part B flagged every honest kernel
+    and the script still exited 0, because part B went unchecked)."""
     problems = []
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         traj = json.loads(line)
@@ -72,6 +74,10 @@ def check_reference(out: Path) -> list[str]:
             if ok != (kind == "correct"):
                 problems.append(f"{traj['task_id']} {kind}: correct={v.get('correct')} flags="
                                 f"{[f['code'] for f in v.get('hack_flags') or []]} {v.get('feedback', '')[:200]}")
+            elif ok and torch_compile:
+                compiled = (v.get("meta") or {}).get("ref_compile_timing") or {}
+                if not compiled.get("median_ms"):
+                    problems.append(f"{traj['task_id']} {kind}: no torch.compile timing: {compiled}")
     return problems
 
 
@@ -113,6 +119,9 @@ def main() -> None:
                                            "--torch_compile_baseline",
                                            "--title=built-in solutions vs eager and torch.compile"],
                                           out / "torch_compile.log", args.timeout_s)
+        if mode in (None, "full") and json.loads((out / "torch_compile" / "metrics.json").read_text()
+                                                 )["metrics"]["mode"] == "full":
+            problems += [f"B: {p}" for p in check_reference(out / "torch_compile", torch_compile=True)]
     if "C" in parts:
         times["C_policy"] = launch([config, "--part=all", f"--out={out / 'one_gpu_policy'}",
                                     f"--config.env.num_trajectories={args.policy_trajectories}",

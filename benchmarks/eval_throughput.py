@@ -66,7 +66,7 @@ def run_ours(mix, args) -> dict:
     cache_dir = tempfile.mkdtemp(prefix="cuda_eval_bench_cache_", dir="/var/tmp")
     os.chmod(cache_dir, 0o755)
     cfg = EvalConfig(devices=str(args.device), compile_workers=args.compile_workers, cache_dir=cache_dir,
-                     run_timeout_s=60)
+                     run_timeout_s=60, spare_workers=args.spares)
     t0 = time.monotonic()
     ev = Evaluator(cfg)
     warmed = ev.compile_pool.warm() if hasattr(ev.compile_pool, "warm") else None
@@ -196,6 +196,8 @@ def main():
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--compile-workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--spares", type=int, default=0, help="spare workers per GPU (0 = auto; 2 was the default "
+                   "before session 5)")
     p.add_argument("--baseline-n", type=int, default=3, help="candidates run the KernelBench way (0 = skip)")
     args = p.parse_args()
     mix = the_mix()

@@ -50,7 +50,7 @@ class EvalConfig:
     # running
     run_timeout_s: float = 180.0        # one candidate in a worker (correctness + timing + checks)
     worker_start_timeout_s: float = 180.0
-    spare_workers: int = 2              # pre-started workers kept per device (start-up hidden behind jobs)
+    spare_workers: int = 0              # pre-started workers kept per device; 0 = auto (auto_spare_workers)
     run_dir: str = ""                   # worker directories ("" = a temporary directory)
     # correctness
     num_correct_trials: int = 5
@@ -91,6 +91,18 @@ class EvalConfig:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
         if self.num_correct_trials < 1:
             raise ValueError("EvalConfig.num_correct_trials must be >= 1")
+        if self.spare_workers < 0:
+            raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
+
+
+def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
+    """Spare workers per device when EvalConfig.spare_workers is 0. A device runs one candidate at a time (~0.9 s
+    of worker wall on an H200) while a fresh worker needs seconds to import torch and initialise CUDA; with 2 spares
+    the GPU mostly waited for workers (docs/LOG.md: 28% busy in eval_throughput; session 5, a 68-kernel round took
+    117 s for ~0.9 s jobs). Enough spares to hide start-up, bounded by the cores (a start-up is CPU-bound) and by
+    memory (a CUDA context each)."""
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 2)
+    return max(2, min(8, cores // (2 * max(1, n_devices))))
 
 
 @dataclasses.dataclass
@@ -180,6 +192,7 @@ _CRASH_HINTS = {
     "init_candidate": "while constructing ModelNew",
     "load_task": "while loading the reference",
     "reference_warmup": "while running the reference",
+    "ref_compile": "while timing torch.compile(reference), after the candidate was judged (a torch.compile problem)",
 }
 
 
@@ -286,7 +299,8 @@ class Evaluator:
         else:
             devices = tuple(f"cpu{i}" for i in range(max(1, cfg.cpu_workers)))
         return GpuPool(PoolConfig(device_type=cfg.device_type, devices=devices, run_dir=cfg.run_dir or None,
-                                  start_timeout_s=cfg.worker_start_timeout_s, spares=cfg.spare_workers,
+                                  start_timeout_s=cfg.worker_start_timeout_s,
+                                  spares=cfg.spare_workers or auto_spare_workers(len(devices)),
                                   cpu_threads=cfg.cpu_threads))
 
     # public API

@@ -3,6 +3,9 @@
 # only its GPU through CUDA_VISIBLE_DEVICES; cuda_eval's workers inherit it). Meant for lines of a background plan.
 #   bash benchmarks/device/gpus.sh start NAME GPU "CMD"   # detached; CMD runs with OUT=$JOBS/NAME, log in $JOBS/NAME.log
 #   bash benchmarks/device/gpus.sh wait NAME...           # until each job has written $JOBS/NAME.rc (WAIT_S: 1500)
+#   bash benchmarks/device/gpus.sh kill NAME              # its whole process group; rc 137 so that waits go on
+# Never `pkill -f` a job's command line: the plan runner's own command line holds every plan line (session 5 killed
+# its plan that way).
 # JOBS defaults to $BG/jobs, so that background.sh packs the jobs' outputs with everything else.
 set -u
 JOBS=${JOBS:-${BG:-/tmp/kevin_bg}/jobs}
@@ -14,6 +17,7 @@ case "${1:-}" in
     rm -f "$JOBS/$name.rc"; mkdir -p "$JOBS/$name"; date +%T > "$JOBS/$name.started"
     CUDA_VISIBLE_DEVICES=$gpu OUT="$JOBS/$name" setsid bash -c "( $cmd ); echo \$? > '$JOBS/$name.rc'" \
       > "$JOBS/$name.log" 2>&1 < /dev/null &
+    echo $! > "$JOBS/$name.pid"     # setsid runs in the background job's process: pid = process group id
     echo "$(date +%T) job $name on GPU $gpu: $cmd" | tee -a "$JOBS/jobs.txt" ;;
   wait)
     shift; t0=$SECONDS; limit=${WAIT_S:-1500}; rc=0
@@ -27,5 +31,11 @@ case "${1:-}" in
       fi
     done
     exit $rc ;;
-  *) echo "usage: gpus.sh start NAME GPU CMD | wait NAME..."; exit 2 ;;
+  kill)
+    name=${2:?name}
+    [ -f "$JOBS/$name.pid" ] || { echo "no job $name"; exit 1; }
+    [ -f "$JOBS/$name.rc" ] && { echo "job $name already ended rc=$(cat "$JOBS/$name.rc")"; exit 0; }
+    kill -TERM -- "-$(cat "$JOBS/$name.pid")" 2>/dev/null; sleep 5; kill -KILL -- "-$(cat "$JOBS/$name.pid")" 2>/dev/null
+    echo 137 > "$JOBS/$name.rc"; echo "$(date +%T) job $name killed" | tee -a "$JOBS/jobs.txt" ;;
+  *) echo "usage: gpus.sh start NAME GPU CMD | wait NAME... | kill NAME"; exit 2 ;;
 esac

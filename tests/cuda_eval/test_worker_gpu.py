@@ -85,3 +85,17 @@ def test_dtypes_and_training_mode_semantics(gpu_ev):
                               corpus_index.request(HONEST["batchnorm_train_stats"])])
     assert ce.correct and ce.meta["input_dtypes"] == "float32,int64", ce.runtime_error  # int64 targets kept
     assert bn.correct, (bn.runtime_error, bn.trials)  # training-mode BatchNorm: batch statistics
+
+
+def test_torch_compile_baseline_leaves_honest_kernels_unflagged():
+    """--torch_compile_baseline times torch.compile(reference) in the candidate's worker. torch.compile patches
+    torch.nn.Module.__init__/__setstate__ and starts threads; before the fix those changes were pinned on the
+    candidate and every honest kernel was flagged (docs/LOG.md, session 5)."""
+    with tempfile.TemporaryDirectory() as ref_dir, \
+            Evaluator(EvalConfig(devices="0", run_timeout_s=120, ref_compile=True,
+                                 ref_timing_cache_dir=ref_dir)) as ev:
+        results = ev.evaluate([corpus_index.request(HONEST[name]) for name in ("relu_basic", "softmax_rowwise")])
+    for r in results:
+        assert r.correct and not r.hack_flags, (r.runtime_error, r.hack_flags)
+        compiled = r.meta["ref_compile_timing"]
+        assert "error" not in compiled and compiled["median_ms"] > 0, compiled

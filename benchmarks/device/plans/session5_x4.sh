@@ -1,3 +1,6 @@
+# As run in session 5 (docs/LOG.md): GPU 2's one_gpu_train was stopped at warm-start step ~80 (3.6 s/step: 400
+# steps would not fit) and single_seed1 started there by hand; a `pkill -f` of that job also killed this plan's
+# runner (its command line holds every line), so the last four lines were run by hand (gpus.sh kill exists now).
 # Session 5, one nvidia-h200-x4 lease (~25 min held): issue 9's demo with the three RL runs side by side, one GPU
 # each, plus the leftovers of issues 6, 7 and 8 on the other GPUs. Before `plan`, the first call runs
 # `source benchmarks/device/setup.sh` (wheel + build) and exports KEVIN_SKIP_BUILD=1, so that no job rebuilds the
