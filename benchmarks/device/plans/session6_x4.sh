@@ -1,6 +1,6 @@
-# Next lease, nvidia-h200-x4 (~26 min held): issue 9's demo with four RL runs side by side (multi-turn and
-# single-turn, seeds 0 and 1), each pinned to one GPU, with enough time for ~10+ steps each; while the warm start
-# runs, the checks left from session 5 on the other GPUs:
+# Next lease, nvidia-h200-x4, ~26 min held (start 1, build 1, warm start 6, RL 12, summary and evaluations 5 min):
+# issue 9's demo with four RL runs side by side (multi-turn and single-turn, seeds 0 and 1), each pinned to one GPU,
+# with enough time for ~10+ steps each; while the warm start runs, the checks left from session 5 on the other GPUs:
 #   1: the torch.compile-baseline fix (worker GPU test + eval_builtin part B, which now checks its verdicts)
 #   2, 3: eval_throughput with 2 spare workers (the old default) and with the automatic count (8 here), 16 compile
 #         workers each (an H200 lease's cores), side by side
@@ -11,10 +11,10 @@ bash benchmarks/device/gpus.sh start throughput_auto 3 "timeout 330 python3 benc
 CUDA_VISIBLE_DEVICES=0 SFT_STEPS=250 LIMIT_S=600 bash benchmarks/device/warm_start_demo.sh sft
 WAIT_S=300 bash benchmarks/device/gpus.sh wait compile_fix throughput_spares2 throughput_auto
 for j in compile_fix throughput_spares2 throughput_auto; do bash benchmarks/device/gpus.sh kill $j; done
-bash benchmarks/device/gpus.sh start multi_seed0 0 "LIMIT_S=780 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl multi_seed0 0 --config.eval.compile_workers=16"
-bash benchmarks/device/gpus.sh start multi_seed1 1 "LIMIT_S=780 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl multi_seed1 1 --config.eval.compile_workers=16"
-bash benchmarks/device/gpus.sh start single_seed0 2 "LIMIT_S=780 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 --config.env.num_trajectories=32 --config.reward.aggregation=single_turn --config.eval.compile_workers=16"
-bash benchmarks/device/gpus.sh start single_seed1 3 "LIMIT_S=780 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl single_seed1 1 --config.env.num_turns=1 --config.env.num_trajectories=32 --config.reward.aggregation=single_turn --config.eval.compile_workers=16"
+bash benchmarks/device/gpus.sh start multi_seed0 0 "LIMIT_S=720 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl multi_seed0 0 --config.eval.compile_workers=16"
+bash benchmarks/device/gpus.sh start multi_seed1 1 "LIMIT_S=720 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl multi_seed1 1 --config.eval.compile_workers=16"
+bash benchmarks/device/gpus.sh start single_seed0 2 "LIMIT_S=720 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 --config.env.num_trajectories=32 --config.reward.aggregation=single_turn --config.eval.compile_workers=16"
+bash benchmarks/device/gpus.sh start single_seed1 3 "LIMIT_S=720 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl single_seed1 1 --config.env.num_turns=1 --config.env.num_trajectories=32 --config.reward.aggregation=single_turn --config.eval.compile_workers=16"
 bash benchmarks/device/gpus.sh wait multi_seed0 multi_seed1 single_seed0 single_seed1
 bash benchmarks/device/warm_start_demo.sh summary
 bash benchmarks/device/gpus.sh start eval_rl 0 "timeout 280 python3 launch/eval.py --config=configs/warm_start_demo.py --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0 --checkpoint=workdirs/demo/multi_seed0 --part=all --config.env.num_trajectories=4 --config.eval.compile_workers=32 --out=\$OUT/eval_demo_rl"
