@@ -383,7 +383,7 @@ class JobRunner:
             # candidate (docs/LOG.md, session 5: every honest kernel flagged under --torch_compile_baseline).
             self.phase("ref_compile")
             self.threads.stop_recording()
-            self.meta["ref_compile_timing"] = self._time_compiled_reference(self.timing_sets, self.timing_config)
+            self.meta["ref_compile_timing"] = self._time_compiled_reference()
 
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
@@ -553,7 +553,9 @@ class JobRunner:
                     raise ReferenceError_(format_exception(e, "timing the reference"))
                 self.ref_timing_measured = True
 
-    def _time_compiled_reference(self, sets, tcfg) -> dict | None:
+    def _time_compiled_reference(self) -> dict | None:
+        """torch.compile(reference) on the candidate's timing inputs, with its timing settings (set by run_timing)."""
+        sets, tcfg = self.timing_sets, self.timing_config
         try:
             compiled = torch.compile(self.ref_model)
             for s in sets:           # compiles (CPU-bound, minutes at worst) outside the GPU's timing lock

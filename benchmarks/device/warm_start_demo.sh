@@ -8,6 +8,8 @@
 #   bash benchmarks/device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 \
 #        --config.env.num_trajectories=32 --config.reward.aggregation=single_turn   # same 32 kernels/task/step
 #   bash benchmarks/device/warm_start_demo.sh summary               # table + summary.json + PNG curves in $OUT
+#   bash benchmarks/device/warm_start_demo.sh eval multi_seed0      # launch/eval.py on a run's newest checkpoint
+#   bash benchmarks/device/warm_start_demo.sh eval sft              # ... or on the warm start itself
 # Knobs: CONFIG (configs/warm_start_demo.py), RUNS (workdirs/demo: git-ignored, kept between calls on a warm
 # machine), SFT_STEPS and RL_STEPS (default: the config's), LIMIT_S (560: the stage's own time limit, under the
 # call's). Logs go to $OUT before their tail is printed.
@@ -17,7 +19,7 @@ RUNS=${RUNS:-workdirs/demo}; mkdir -p "$RUNS"
 LIMIT_S=${LIMIT_S:-560}
 CONFIG=${CONFIG:-configs/warm_start_demo.py}
 source benchmarks/device/setup.sh
-stage=${1:?stage: sft | rl NAME SEED [overrides...] | summary}; shift
+stage=${1:?stage: sft | rl NAME SEED [overrides...] | summary | eval NAME [overrides...]}; shift
 echo "=== $(date +%T) $stage $*"
 case "$stage" in
   sft)
@@ -41,6 +43,14 @@ case "$stage" in
     mkdir -p "$OUT/tensorboard_$name"; cp -r "$RUNS/$name/tensorboard/." "$OUT/tensorboard_$name/" 2>/dev/null
     [ $rc -eq 124 ] && echo "cut at ${LIMIT_S}s: call the same stage again to resume"
     exit $rc ;;
+  eval)
+    name=${1:?run name, or sft}; shift
+    [ -f "$RUNS/sft/config.json" ] || { echo "no SFT checkpoint in $RUNS/sft: run the sft stage first"; exit 1; }
+    checkpoint=(); [ "$name" = sft ] || checkpoint=(--checkpoint="$RUNS/$name")
+    timeout "$LIMIT_S" python3 launch/eval.py --config="$CONFIG" --config.model.shape= \
+      --config.model.hf_checkpoint="$RUNS/sft" --config.warm_start.steps=0 "${checkpoint[@]}" --part=all \
+      --config.env.num_trajectories=4 --out="$OUT/eval_demo_$name" "$@" > "$OUT/eval_$name.log" 2>&1
+    rc=$?; echo "eval $name: rc=$rc after ${SECONDS}s"; tail -c 4000 "$OUT/eval_$name.log"; exit $rc ;;
   summary)
     dirs=$(for d in "$RUNS"/*/; do [ -d "$d/trajectories" ] && echo "${d%/}"; done)
     python3 benchmarks/warm_start_demo_summary.py $dirs --out "$OUT" ;;

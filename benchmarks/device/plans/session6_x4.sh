@@ -17,6 +17,6 @@ bash benchmarks/device/gpus.sh start single_seed0 2 "LIMIT_S=720 RL_STEPS=40 bas
 bash benchmarks/device/gpus.sh start single_seed1 3 "LIMIT_S=720 RL_STEPS=40 bash benchmarks/device/warm_start_demo.sh rl single_seed1 1 --config.env.num_turns=1 --config.env.num_trajectories=32 --config.reward.aggregation=single_turn --config.eval.compile_workers=16"
 bash benchmarks/device/gpus.sh wait multi_seed0 multi_seed1 single_seed0 single_seed1
 bash benchmarks/device/warm_start_demo.sh summary
-bash benchmarks/device/gpus.sh start eval_rl 0 "timeout 280 python3 launch/eval.py --config=configs/warm_start_demo.py --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0 --checkpoint=workdirs/demo/multi_seed0 --part=all --config.env.num_trajectories=4 --config.eval.compile_workers=32 --out=\$OUT/eval_demo_rl"
-bash benchmarks/device/gpus.sh start eval_sft 1 "timeout 280 python3 launch/eval.py --config=configs/warm_start_demo.py --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0 --part=all --config.env.num_trajectories=4 --config.eval.compile_workers=32 --out=\$OUT/eval_demo_sft"
+bash benchmarks/device/gpus.sh start eval_rl 0 "LIMIT_S=280 bash benchmarks/device/warm_start_demo.sh eval multi_seed0 --config.eval.compile_workers=32"
+bash benchmarks/device/gpus.sh start eval_sft 1 "LIMIT_S=280 bash benchmarks/device/warm_start_demo.sh eval sft --config.eval.compile_workers=32"
 bash benchmarks/device/gpus.sh wait eval_rl eval_sft
