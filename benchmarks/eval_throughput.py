@@ -66,7 +66,8 @@ def run_ours(mix, args) -> dict:
     cache_dir = tempfile.mkdtemp(prefix="cuda_eval_bench_cache_", dir="/var/tmp")
     os.chmod(cache_dir, 0o755)
     cfg = EvalConfig(devices=str(args.device), compile_workers=args.compile_workers, cache_dir=cache_dir,
-                     run_timeout_s=60, spare_workers=args.spares)
+                     run_timeout_s=60, spare_workers=args.spares,
+                     share_identical=False)   # the repeats measure the compile cache, not verdict sharing
     t0 = time.monotonic()
     ev = Evaluator(cfg)
     warmed = ev.compile_pool.warm() if hasattr(ev.compile_pool, "warm") else None

@@ -39,7 +39,8 @@ def main():
     cache_dir = tempfile.mkdtemp(prefix="cuda_eval_rep_cache_", dir="/var/tmp")
     os.chmod(cache_dir, 0o755)
     cfg = EvalConfig(devices=str(args.device), cache_dir=cache_dir, ref_timing_cache=False,
-                     retime_speedup_threshold=0, kernel_trace=False)
+                     retime_speedup_threshold=0, kernel_trace=False,
+                     share_identical=False)   # each run must be its own measurement
     t0 = time.monotonic()
     with Evaluator(cfg) as ev:
         # Runs interleaved (kernel A run 1, kernel B run 1, ...): each run is a separate worker process.

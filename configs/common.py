@@ -49,7 +49,7 @@ def base() -> ConfigDict:
         skip_run_on_static_flags=True, require_custom_kernel=True, forbid_python_torch_compute=True,
         forbid_reference_ops=True, forbid_library_heavy_ops=True, forbid_host_transfer=True, kernel_trace=True,
         flag_native_threads=False, unsynced_slack_us=50.0, retime_speedup_threshold=5.0, retime_min_ratio=0.5,
-        max_feedback_chars=3000))
+        max_feedback_chars=3000, share_identical=True))
     c.rl = ConfigDict(dict(
         tasks_per_step=8, updates_per_batch=2, clip_eps_low=0.2, clip_eps_high=0.28, aggregation="constant_length",
         constant_length=0, kl_coef=0.0, old_logprobs="sampler", tis_cap=0.0, skip_zero_advantage=True,

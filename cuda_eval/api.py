@@ -82,6 +82,9 @@ class EvalConfig:
     retime_speedup_threshold: float = 5.0   # re-time in a fresh process above this speedup (0 = never)
     retime_min_ratio: float = 0.5           # flag if the fresh speedup is below this fraction of the first
     max_feedback_chars: int = 3000
+    # one verdict per distinct (task, program) within a batch: a policy that has converged on an answer samples the
+    # same program many times (the 80M demo: most of a 128-kernel round), and each copy would cost a GPU slot
+    share_identical: bool = True
 
     def __post_init__(self):
         checks_ok = {"mode": ("auto", "full", "compile_only"), "device_type": ("cuda", "cpu"),
@@ -305,9 +308,49 @@ class Evaluator:
 
     # public API
     def submit(self, requests: Sequence[EvalRequest]) -> list[concurrent.futures.Future]:
+        """One future per request, in order. With `share_identical`, a request whose task and extracted program
+        equal an earlier one's in the same call gets a copy of that verdict (meta.shared_with names the request that
+        ran) instead of its own compile and GPU run."""
         if self._closed:
             raise RuntimeError("Evaluator is closed")
-        return [self._submit_one(r) for r in requests]
+        futures, first = [], {}
+        for request in requests:
+            key = self._identity(request) if self.config.share_identical else None
+            if key is not None and key in first:
+                futures.append(self._shared(first[key], request))
+                continue
+            future = self._submit_one(request)
+            if key is not None:
+                first[key] = (future, request.request_id)
+            futures.append(future)
+        return futures
+
+    @staticmethod
+    def _identity(request: EvalRequest) -> tuple | None:
+        """(task, program) of a request whose program can be extracted, else None (never shared)."""
+        try:
+            code = extract_code(request.response).code
+        except Exception:  # noqa: BLE001 - _submit_one reports it
+            return None
+        return None if code is None else (request.task_id, task_hash(request.task_source), code)
+
+    @staticmethod
+    def _shared(primary: tuple, request: EvalRequest) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        primary_future, primary_id = primary
+        started = time.monotonic()
+
+        def copy(done: concurrent.futures.Future) -> None:
+            try:
+                r = EvalResult.from_dict(done.result().to_dict())
+                r.request_id = request.request_id
+                r.meta["shared_with"] = primary_id
+                r.stage_times = {"extract": 0.0, "queue": 0.0, "compile": 0.0, "run": 0.0, "total": time.monotonic() - started}
+                future.set_result(r)
+            except Exception as e:  # noqa: BLE001 - a lost future would hang evaluate()
+                future.set_exception(e)
+        primary_future.add_done_callback(copy)
+        return future
 
     def evaluate(self, requests: Sequence[EvalRequest], progress_every_s: float = 30.0) -> list[EvalResult]:
         """Verdicts in request order. A batch of cold compiles can take minutes: a line every `progress_every_s`

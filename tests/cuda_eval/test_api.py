@@ -138,6 +138,38 @@ def test_order_and_branches(tmp_path):
         assert again == r
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_identical_programs_in_a_batch_share_one_verdict(tmp_path, share):
+    ev = make_evaluator(lambda p: outcome(worker_result()), tmp_path, share_identical=share)
+    other_task = RELU_TASK.replace("torch.relu(x)", "torch.relu(x) + 0")
+    reqs = [EvalRequest("t", RELU_TASK, response(HONEST), "a"),
+            EvalRequest("t", RELU_TASK, "other prose\n```python\n" + HONEST + "```", "b"),  # same program
+            EvalRequest("u", other_task, response(HONEST), "c"),                             # another task
+            EvalRequest("t", RELU_TASK, "no code here", "d"),
+            EvalRequest("t", RELU_TASK, "no code here", "e")]
+    a, b, c, d, e = ev.evaluate(reqs)
+    assert [r.request_id for r in (a, b, c, d, e)] == ["a", "b", "c", "d", "e"]
+    assert a.correct and b.correct and c.correct and b.speedup == a.speedup
+    assert not d.format_ok and not e.format_ok and "shared_with" not in d.meta | e.meta
+    if share:
+        assert len(ev.compile_pool.submitted) == 2 and len(ev.gpu_pool.payloads) == 2
+        assert b.meta["shared_with"] == "a" and b.stage_times["run"] == 0.0 and a.stage_times["run"] > 0
+        assert "shared_with" not in a.meta and "shared_with" not in c.meta
+    else:
+        assert len(ev.compile_pool.submitted) == 3 and len(ev.gpu_pool.payloads) == 3
+        assert "shared_with" not in b.meta
+
+
+def test_a_shared_verdict_follows_its_primary_across_threads(tmp_path):
+    ev = Evaluator(EvalConfig(mode="full", ref_timing_cache_dir=str(tmp_path / "ref")),
+                   compile_pool=CompilePoolFake(),
+                   gpu_pool=SlowGpuPoolFake(lambda p: outcome(worker_result(cand_ms=0.5)), delay_s=0.2))
+    results = ev.evaluate([EvalRequest("t", RELU_TASK, response(HONEST), str(i)) for i in range(6)])
+    assert [r.request_id for r in results] == [str(i) for i in range(6)]
+    assert all(r.correct and r.speedup == pytest.approx(4.0) for r in results)
+    assert [r.meta.get("shared_with") for r in results] == [None] + ["0"] * 5
+
+
 def test_reference_timing_cache_is_filled_and_reused(tmp_path):
     ev = make_evaluator(lambda p: outcome(worker_result(measured=not p["ref_timing_cache"])), tmp_path)
     first = ev.evaluate([EvalRequest("t", RELU_TASK, response(HONEST), "1")])[0]
