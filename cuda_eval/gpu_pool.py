@@ -4,8 +4,9 @@ Each device slot owns a thread and keeps `spares` *spare* workers (`python -m cu
 started: they import torch, warm up, initialise CUDA, then block on stdin. A job is handed to the oldest spare
 (job.json in its working directory, the path on stdin), a new spare is started at once, and the slot waits for the
 job with its timeout. Start-up is therefore hidden as long as a job takes longer than start-up / spares. All
-workers of one GPU share a lock file: a worker holds an exclusive flock on it while it initialises CUDA and while it
-times, so a spare starting up never disturbs a measurement. Jobs come from one queue shared by all slots, so the
+workers of one GPU share a lock file (machine-wide, named by the physical GPU, so also across pools): a worker holds
+an exclusive flock on it while it initialises CUDA and while it times, so a spare starting up never disturbs a
+measurement. Jobs come from one queue shared by all slots, so the
 GPUs of a machine drain it together.
 
 Workers run through the sandbox of cuda_eval.sandbox (own session/process group, scrubbed environment, confined
@@ -45,6 +46,9 @@ class PoolConfig:
     address_space_bytes: int | None = None  # None on GPUs: CUDA reserves huge virtual ranges
     file_size_bytes: int = 4 << 30
     extra_env: dict = dataclasses.field(default_factory=dict)
+    # A GPU's timing lock is machine-wide, named by the physical GPU: two evaluators on one GPU (two trainers, or a
+    # trainer and launch/eval.py) must not time at the same time either. CPU-mode slots are virtual: per pool.
+    device_lock_dir: str = os.environ.get("CUDA_EVAL_DEVICE_LOCK_DIR", "/tmp/cuda_eval_device_locks")
 
 
 @dataclasses.dataclass
@@ -173,11 +177,19 @@ class GpuPool:
         return _Worker(process, workdir, time.monotonic())
 
     def _lock_file(self, device: str) -> str:
-        path = os.path.join(self.run_dir, f"device-{device}.lock")
+        if self.config.device_type == "cuda" and self.config.device_lock_dir:
+            directory = self.config.device_lock_dir
+            name = "".join(c if c.isalnum() or c in "-_" else "_" for c in _physical_device(device))
+            if not os.path.isdir(directory):
+                os.makedirs(directory, exist_ok=True)
+                _chmod_if_owner(directory, 0o1777)   # like /tmp: every user's pools, sandboxed workers included
+        else:
+            directory, name = self.run_dir, device
+        path = os.path.join(directory, f"device-{name}.lock")
         if not os.path.exists(path):
             with open(path, "a"):
                 pass
-            os.chmod(path, 0o666)
+            _chmod_if_owner(path, 0o666)
         return path
 
     def _await_ready(self, worker: _Worker) -> bool:
@@ -255,6 +267,14 @@ class GpuPool:
         outcome.queue_s = queue_s
         shutil.rmtree(worker.workdir, ignore_errors=True)
         return outcome
+
+
+def _chmod_if_owner(path: str, mode: int) -> None:
+    """Another user's pool may have created the shared lock directory or file; it set the mode already."""
+    try:
+        os.chmod(path, mode)
+    except PermissionError:
+        pass
 
 
 def _physical_device(index: str) -> str:
