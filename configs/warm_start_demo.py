@@ -7,10 +7,11 @@ of a 10-minute device call before RL even starts. small_80m (vocab 8192, 12 laye
 in a fraction of that. The RL learning rate is 5x the one-GPU config's: a demo of ~13 steps x 2 updates must move the
 policy within those ~26 Adam steps (single-turn at this rate collapses after ~5 steps: see below). Sampling
 temperature 0.5 instead of Kevin's 0.9: at 0.9 the memorised policy (answer NLL 0.0056 per token) still draws a
-token from its tail every few hundred tokens and the rest of the answer derails. Session 5 (docs/LOG.md), first turns of the warm policy: none of the 21 correct answers contains a token
-drawn with probability < 5%; 32 of the 47 others do, most of them many. At 0.5 that tail is ~10-40x less likely, while
-a choice between equally likely variants (correct / wrong / non-compiling) stays as it was. The trainer recomputes
-log-probs at the same temperature. Everything else (tasks, turns, rewards, evaluator) is the one-GPU config.
+token from its tail every few hundred tokens and the rest of the answer derails. Session 5 (docs/LOG.md), first
+turns of the warm policy: none of the 21 correct answers contains a token drawn with probability < 5%; 32 of the 47
+others do, most of them many. At 0.5 that tail is ~10-40x less likely, while a choice between equally likely
+variants (correct / wrong / non-compiling) stays as it was. The trainer recomputes log-probs at the same
+temperature. Everything else (tasks, turns, rewards, evaluator) is the one-GPU config.
 
 Commands (benchmarks/device/warm_start_demo.sh wraps them; README, "Does it learn?"):
   python launch/sft.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/sft

@@ -345,7 +345,8 @@ class Evaluator:
                 r = EvalResult.from_dict(done.result().to_dict())
                 r.request_id = request.request_id
                 r.meta["shared_with"] = primary_id
-                r.stage_times = {"extract": 0.0, "queue": 0.0, "compile": 0.0, "run": 0.0, "total": time.monotonic() - started}
+                r.stage_times = {"extract": 0.0, "queue": 0.0, "compile": 0.0, "run": 0.0,
+                                 "total": time.monotonic() - started}
                 future.set_result(r)
             except Exception as e:  # noqa: BLE001 - a lost future would hang evaluate()
                 future.set_exception(e)

@@ -26,7 +26,8 @@ def test_two_pools_on_one_physical_gpu_share_its_lock(tmp_path, monkeypatch):
 def test_gpu_uuids_make_safe_lock_names(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-d0e052fd-41c1/x")
     path = pool(tmp_path, "a")._lock_file("0")
-    assert os.path.dirname(path) == str(tmp_path / "locks") and os.path.basename(path) == "device-GPU-d0e052fd-41c1_x.lock"
+    assert os.path.dirname(path) == str(tmp_path / "locks")
+    assert os.path.basename(path) == "device-GPU-d0e052fd-41c1_x.lock"
 
 
 def test_cpu_slots_lock_per_pool(tmp_path):
