@@ -13,6 +13,7 @@ queued. Importing this module does not import torch (the trainer runs JAX in-pro
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import dataclasses
 import json
 import logging
@@ -315,43 +316,19 @@ class Evaluator:
             raise RuntimeError("Evaluator is closed")
         futures, first = [], {}
         for request in requests:
-            key = self._identity(request) if self.config.share_identical else None
+            started = time.monotonic()
+            extraction, error = _extract(request)
+            key = None
+            if self.config.share_identical and extraction is not None and extraction.code is not None:
+                key = (request.task_id, task_hash(request.task_source), extraction.code)
             if key is not None and key in first:
-                futures.append(self._shared(first[key], request))
+                futures.append(_shared(first[key], request))
                 continue
-            future = self._submit_one(request)
+            future = self._submit_one(request, extraction, error, started)
             if key is not None:
                 first[key] = (future, request.request_id)
             futures.append(future)
         return futures
-
-    @staticmethod
-    def _identity(request: EvalRequest) -> tuple | None:
-        """(task, program) of a request whose program can be extracted, else None (never shared)."""
-        try:
-            code = extract_code(request.response).code
-        except Exception:  # noqa: BLE001 - _submit_one reports it
-            return None
-        return None if code is None else (request.task_id, task_hash(request.task_source), code)
-
-    @staticmethod
-    def _shared(primary: tuple, request: EvalRequest) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        primary_future, primary_id = primary
-        started = time.monotonic()
-
-        def copy(done: concurrent.futures.Future) -> None:
-            try:
-                r = EvalResult.from_dict(done.result().to_dict())
-                r.request_id = request.request_id
-                r.meta["shared_with"] = primary_id
-                r.stage_times = {"extract": 0.0, "queue": 0.0, "compile": 0.0, "run": 0.0,
-                                 "total": time.monotonic() - started}
-                future.set_result(r)
-            except Exception as e:  # noqa: BLE001 - a lost future would hang evaluate()
-                future.set_exception(e)
-        primary_future.add_done_callback(copy)
-        return future
 
     def evaluate(self, requests: Sequence[EvalRequest], progress_every_s: float = 30.0) -> list[EvalResult]:
         """Verdicts in request order. A batch of cold compiles can take minutes: a line every `progress_every_s`
@@ -381,17 +358,13 @@ class Evaluator:
         self.close()
 
     # the pipeline
-    def _submit_one(self, request: EvalRequest) -> concurrent.futures.Future:
+    def _submit_one(self, request: EvalRequest, extraction, extract_error: str | None,
+                    started: float) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        started = time.monotonic()
         result = EvalResult(request_id=request.request_id, task_id=request.task_id, mode=self.mode, format_ok=False)
         state = _State(request, future, started, result, task_hash=task_hash(request.task_source))
         result.meta.update(device_type=self.config.device_type, num_trials=self.config.num_correct_trials)
-        try:
-            extraction = extract_code(request.response)
-        except Exception as e:  # extraction promises never to raise; if it does, the verdict says so
-            extraction = None
-            result.format_error = f"could not read the response ({type(e).__name__}: {e})"
+        result.format_error = extract_error
         result.stage_times["extract"] = time.monotonic() - started
         if extraction is None or extraction.code is None:
             result.format_error = result.format_error or (extraction.error if extraction else "no program")
@@ -572,6 +545,34 @@ class Evaluator:
         if not state.future.done():
             state.future.set_result(r)
         return state.future
+
+
+def _extract(request: EvalRequest) -> tuple[Any, str | None]:
+    """(extraction, error): extraction promises never to raise; if it does, the verdict says so."""
+    try:
+        return extract_code(request.response), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"could not read the response ({type(e).__name__}: {e})"
+
+
+def _shared(primary: tuple, request: EvalRequest) -> concurrent.futures.Future:
+    """A copy of the primary request's verdict, under this request's id, once the primary's is in."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    primary_future, primary_id = primary
+    started = time.monotonic()
+
+    def copy_verdict(done: concurrent.futures.Future) -> None:
+        try:
+            r = copy.deepcopy(done.result())
+            r.request_id = request.request_id
+            r.meta["shared_with"] = primary_id
+            r.stage_times = {"extract": 0.0, "queue": 0.0, "compile": 0.0, "run": 0.0,
+                             "total": time.monotonic() - started}
+            future.set_result(r)
+        except Exception as e:  # noqa: BLE001 - a lost future would hang evaluate()
+            future.set_exception(e)
+    primary_future.add_done_callback(copy_verdict)
+    return future
 
 
 def _as_dict(obj: Any) -> dict:

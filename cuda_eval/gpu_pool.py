@@ -6,8 +6,7 @@ started: they import torch, warm up, initialise CUDA, then block on stdin. A job
 job with its timeout. Start-up is therefore hidden as long as a job takes longer than start-up / spares. All
 workers of one GPU share a lock file (machine-wide, named by the physical GPU, so also across pools): a worker holds
 an exclusive flock on it while it initialises CUDA and while it times, so a spare starting up never disturbs a
-measurement. Jobs come from one queue shared by all slots, so the
-GPUs of a machine drain it together.
+measurement. Jobs come from one queue shared by all slots, so the GPUs of a machine drain it together.
 
 Workers run through the sandbox of cuda_eval.sandbox (own session/process group, scrubbed environment, confined
 working directory, limits, kill of the whole group at the timeout). Whatever a worker does (segfault, illegal
