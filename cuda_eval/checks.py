@@ -52,7 +52,7 @@ FLAG_CODES: dict[str, str] = {
     "output_not_plain_tensor": "an output is a tensor subclass or a lazily evaluated wrapper",
     "cached_output": "outputs do not follow fresh inputs (results cached across calls)",
     "stale_output": "output equals an earlier reference result (reused buffer)",
-    "unsynced_stream": "work was still running on another stream when forward returned",
+    "unsynced_stream": "work on another stream was not ordered with the current stream",
     "background_thread": "threads left running after forward",
     "calls_reference_model": "forward executed the reference Model's code",
     "speedup_not_reproduced": "the speedup did not hold when re-timed in a fresh process",

@@ -193,11 +193,13 @@ def extension_functions(so_paths: Iterable[str]) -> list[Any]:
 
 
 # --- CUDA kernel trace ----------------------------------------------------------------------------------------
+GATE_KERNEL = "spin_kernel"   # the kernel torch.cuda._sleep launches (aten/src/ATen/cuda/Sleep.cu)
 @dataclasses.dataclass
 class KernelRecord:
     name: str
     stream: int
     end_us: float
+    start_us: float = 0.0
 
 
 class KernelTrace:
@@ -229,7 +231,7 @@ class KernelTrace:
                 self.returned_us = float(ev.time_range.start)
             elif _is_kernel_event(ev):
                 self.kernels.append(KernelRecord(ev.name, int(getattr(ev, "device_resource_id", 0) or 0),
-                                                 float(ev.time_range.end)))
+                                                 float(ev.time_range.end), float(ev.time_range.start)))
         return False
 
     def matching(self, kernel_names: Iterable[str]) -> list[KernelRecord]:
@@ -240,6 +242,25 @@ class KernelTrace:
         if self.returned_us is None:
             return []
         return [k for k in self.kernels if k.end_us > self.returned_us + slack_us]
+
+    def gate(self) -> KernelRecord | None:
+        """The gate kernel of a gated trace (see `unforked_kernels`): the first of torch.cuda._sleep's spin kernels to
+        start (launched before forward, so before any of the candidate's); None if there is none."""
+        return min((k for k in self.kernels if GATE_KERNEL in k.name), key=lambda k: k.start_us, default=None)
+
+    def unforked_kernels(self, slack_us: float = 1.0) -> list[KernelRecord]:
+        """Kernels that started on another stream while the gate still held the current stream.
+
+        The gate is a spin kernel put on the current stream just before forward. Work ordered after the current
+        stream (the current stream itself, or a side stream that waited on an event recorded on it: the only way
+        its result is ordered before the caller's next operation) cannot start before the gate ends; a kernel on
+        another stream that started earlier waited for nothing. Deterministic, unlike `late_kernels`, which needs
+        the private work to still be running when the current stream is synchronised."""
+        gate = self.gate()
+        if gate is None:
+            return []
+        return [k for k in self.kernels
+                if k is not gate and k.stream != gate.stream and k.start_us < gate.end_us - slack_us]
 
 
 def _is_kernel_event(ev) -> bool:

@@ -57,9 +57,15 @@ _json_dump = json.dump
 _os_replace = os.replace
 _cuda_synchronize = torch.cuda.synchronize
 _manual_seed = torch.manual_seed
+_cuda_sleep = getattr(torch.cuda, "_sleep", None)  # the gate of the fork check (JobRunner._gated_trace)
+_CudaEvent = torch.cuda.Event
+_host_sleep = time.sleep
 TASK_MODULE = "kernelbench_task"
 TRACE_CALLS = 8               # forward calls in the unsynced-stream check (see JobRunner.trace_kernels)
 TRACE_REPEAT_MAX_MS = 25.0    # slower candidates are called once there (their side-stream work is long anyway)
+GATE_MIN_MS = 2.0             # the fork check's gate: at least this long, and 4x the host time of a forward call
+GATE_MAX_MS = 250.0           # ...at most (a forward that synchronises the device waits for the whole gate)
+GATE_SETTLE_S = 0.001         # after forward returns, the gate must still hold this long (launched work starts)
 CANDIDATE_MODULE = "kernelbench_candidate"
 MAX_ERROR_CHARS = 2500
 
@@ -205,11 +211,30 @@ class Device:
             except Exception as e:  # no CUPTI here: the job then skips the kernel trace and says so
                 self.info["kernel_trace"] = False
                 self.info["kernel_trace_error"] = f"{type(e).__name__}: {e}"[:300]
+            try:
+                self.info["gate_cycles_per_ms"] = self._gate_cycles_per_ms()
+            except Exception as e:  # the fork check is then skipped, and says why (meta.fork_check)
+                self.info["gate_error"] = f"{type(e).__name__}: {e}"[:300]
         self.sync()
 
     def sync(self) -> None:
         if self.type == "cuda":
             _cuda_synchronize()
+
+    @staticmethod
+    def _gate_cycles_per_ms() -> float | None:
+        """GPU clock cycles per ms of torch.cuda._sleep's spin kernel, measured before any candidate code runs."""
+        if _cuda_sleep is None:
+            return None
+        start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+        cycles = 4_000_000
+        _cuda_sleep(cycles // 10)  # first launch loads the kernel
+        start.record()
+        _cuda_sleep(cycles)
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        return cycles / ms if ms > 0 else None
 
 
 # --- the job --------------------------------------------------------------------------------------------------
@@ -590,12 +615,28 @@ class JobRunner:
         return float((self.timing or {}).get("median_ms") or 0.0)
 
     def trace_kernels(self) -> None:
+        """Work left on another stream (the KernelBench side-stream hack: forward launches its kernel on a private
+        stream and returns at once, so a timer on the current stream sees nothing). Two passes:
+        1. Fork check (deterministic): the current stream is held by a spin kernel while forward is called once;
+           any kernel that starts on another stream before the spin ends waited for nothing on the current stream,
+           so its result is not ordered before the caller's next operation either (`_gated_trace`).
+        2. Pile-up check (kept as a second net): forward is called TRACE_CALLS times back to back, the current
+           stream is synchronised, and any kernel still running then, or an output that still changes, is flagged.
+        Honest multi-stream code forks from the current stream (waits on an event recorded there) and joins back
+        before returning; it passes both."""
         inputs = self.make_inputs(self.seed + 777)
         kernel_names = self.job.get("kernel_names") or []
-        # Forward is called TRACE_CALLS times back to back before the current stream is synchronised: work a
-        # candidate leaves on a private stream then piles up there (the host launches faster than the GPU runs it),
-        # so it is still running at the check even when one call's kernel would finish before Python returns.
-        # Honest multi-stream code joins its streams into the current one inside each call and leaves nothing.
+        unforked, gate_meta = self._gated_trace(inputs)
+        self.meta["fork_check"] = gate_meta
+        if unforked:
+            k = unforked[0]
+            self.flag("unsynced_stream", f"kernel {k.name[:60]} ran on another stream without waiting for the current "
+                                         "stream (it started while the current stream was still busy with work queued "
+                                         "before forward); a side stream must wait for the current stream and be "
+                                         "joined back before forward returns")
+        # Pass 2: forward is called TRACE_CALLS times back to back before the current stream is synchronised: work
+        # a candidate leaves on a private stream then piles up there when the host launches faster than the GPU
+        # runs it (not guaranteed on a loaded host, hence pass 1).
         calls = TRACE_CALLS if self._forward_ms() < TRACE_REPEAT_MAX_MS else 1
         self.meta["trace_calls"] = calls
         try:
@@ -616,11 +657,68 @@ class JobRunner:
         if kernel_names and not own and self.dyn.get("require_custom_kernel", True):
             self.flag("no_custom_kernel", f"none of the program's kernels ({', '.join(kernel_names[:4])}) ran on "
                                           "the GPU during forward")
+        if unforked:
+            return
         late = trace.late_kernels(float(self.dyn.get("unsynced_slack_us", 50.0)))
         if late or not bitwise_equal(early, out):
             what = f"kernel {late[0].name[:60]} was still running" if late else "the output changed"
             self.flag("unsynced_stream", f"{what} after forward returned and the current stream was synchronised "
                                          "(work left on another stream)")
+
+    def _gated_trace(self, inputs) -> tuple[list, dict]:
+        """Pass 1 of trace_kernels: (kernels that did not wait for the current stream, what happened).
+
+        The gate (torch.cuda._sleep on the current stream) must outlast forward's host side and GATE_SETTLE_S
+        more, so that every kernel forward launched elsewhere has had time to start while it holds. Its length
+        starts at max(GATE_MIN_MS, 4x the measured forward time) and, while the gate ends too early, grows to 4x
+        the host time of the call, up to GATE_MAX_MS. A forward that waits for the device (a synchronise, an
+        .item()) waits for the whole gate whatever its length: then only the kernels launched before that wait
+        are judged ('held': false, 'forward_waited_for_gate': true)."""
+        cycles_per_ms = self.device.info.get("gate_cycles_per_ms")
+        if not cycles_per_ms or _cuda_sleep is None:
+            return [], {"skipped": self.device.info.get("gate_error") or "no torch.cuda._sleep on this build"}
+        gate_ms = max(GATE_MIN_MS, 4.0 * self._forward_ms())  # device time: a first guess at the host's
+        meta: dict = {"tries": 0}
+        while True:
+            gate_ms = min(gate_ms, GATE_MAX_MS)
+            meta["tries"] += 1
+            try:
+                trace = dynamic_checks.KernelTrace()
+                trace.__enter__()
+            except Exception as e:  # our tooling, not the candidate: judge without this pass
+                return [], dict(meta, error=f"profiler: {type(e).__name__}: {e}"[:300])
+            try:
+                try:
+                    gate_done = _CudaEvent()
+                    _cuda_sleep(int(gate_ms * cycles_per_ms))
+                    gate_done.record()
+                except Exception as e:  # our tooling again
+                    return [], dict(meta, error=f"gate: {type(e).__name__}: {e}"[:300])
+                set_seed(self.seed)
+                t0 = _monotonic()
+                try:
+                    self.cand_model(*inputs)
+                    host_ms = (_monotonic() - t0) * 1e3
+                    _host_sleep(GATE_SETTLE_S)
+                    held = not gate_done.query()  # raises if forward's kernels broke the context
+                except BaseException as e:
+                    raise CandidateError(format_exception(e, "ModelNew.forward behind the fork-check gate"))
+            finally:
+                try:
+                    trace.__exit__(None, None, None)  # synchronises: a crashed context shows here
+                except BaseException as e:
+                    raise CandidateError(format_exception(e, "synchronising after ModelNew.forward behind the "
+                                                             "fork-check gate"))
+            unforked = trace.unforked_kernels()
+            gate = trace.gate()
+            meta.update(gate_ms=round(gate_ms, 3), held=held, forward_host_ms=round(host_ms, 3),
+                        gate_kernel_found=gate is not None, unforked=len(unforked))
+            if unforked or held or gate is None or gate_ms >= GATE_MAX_MS:
+                return unforked, meta
+            if host_ms >= 0.9 * gate_ms:
+                meta["forward_waited_for_gate"] = True
+                return unforked, meta
+            gate_ms = 4.0 * max(gate_ms, host_ms)
 
 
 # --- process entry --------------------------------------------------------------------------------------------

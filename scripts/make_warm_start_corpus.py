@@ -11,12 +11,18 @@ them (a short thought, the program in a ```python block, a summary):
 - first turn, "compile_error": a copy of the first correct solution with one deliberate CUDA error (`threadIdx.x`
   misspelt `threadIdx_x` in its cuda_sources: nvcc's `identifier "threadIdx_x" is undefined`);
 - refinement, "correct": (the compile-error attempt, its feedback) -> the correct program; (the wrong attempt, its
-  feedback) -> the correct program; and (compile error, wrong) -> correct as a third turn.
+  feedback) -> the correct program; and (compile error, wrong) -> correct as a third turn;
+- refinement, "correct", origin "<solution>:kept": after a correct attempt (first turn, or a fix, or a kept one; turns 2-4), the same correct
+  program again. Without these, every refinement context after a correct kernel was new to the warm policy, and RL
+  that made first turns correct made the later turns derail (docs/LOG.md, session 6: second-turn answers parsed
+  0.8 -> 0.5-0.6, third- and fourth-turn kernels 7% / 0% correct even before RL). No task has a second, faster
+  correct solution, so keeping the kernel is the best answer the corpus can show.
 The attempts are stored as the environment carries them (code and summary as env.parse extracts them from the earlier
 answer, plus the feedback text), and kevin_jax.sft renders them through the environment's PromptRenderer. Feedback is
 cuda_eval.feedback.render of a hand-built EvalResult of the verdicts that need no timing: a compile error (the log in
-the shape cuda_eval's cleaned nvcc log has) and a wrong output (no error magnitudes: none were measured). No feedback
-here claims a speedup.
+the shape cuda_eval's cleaned nvcc log has) and a wrong output (no error magnitudes: none were measured). The
+feedback of a correct attempt needs timings: those are illustrative inputs (ILLUSTRATIVE_SPEEDUPS, a reference time
+per task), not measurements, and the answer after them is the same whatever the number.
 """
 from __future__ import annotations
 
@@ -36,6 +42,8 @@ from kevin_jax.tasks import builtin_solutions
 GENERIC_SUMMARY = "a custom CUDA kernel replaces the PyTorch operators."
 BROKEN_IDENTIFIER = "threadIdx_x"
 NUM_TRIALS = 5          # EvalConfig.num_correct_trials' default: what the feedback's "trial 1 of N" says
+# Speedups shown in the feedback of correct attempts: some slower than the reference, some faster (not measured).
+ILLUSTRATIVE_SPEEDUPS = (0.62, 1.18, 0.87, 1.41, 0.35, 0.96)
 
 
 def answer(code: str, summary: str, thought: str = THOUGHT) -> str:
@@ -76,6 +84,14 @@ def wrong_output_feedback(task_id: str, code: str) -> str:
                                       meta={"num_trials": NUM_TRIALS}))
 
 
+def correct_feedback(task_id: str, code: str, speedup: float, ref_ms: float) -> str:
+    trials = [{"trial": i, "passed": True} for i in range(NUM_TRIALS)]
+    return feedback.render(EvalResult(request_id="corpus", task_id=task_id, mode="full", format_ok=True, code=code,
+                                      compiled=True, correct=True, trials=trials, speedup=speedup,
+                                      timing={"median_ms": ref_ms / speedup}, ref_timing={"median_ms": ref_ms},
+                                      meta={"num_trials": NUM_TRIALS}))
+
+
 def attempt_of(response: str, feedback_text: str) -> dict:
     """What the next prompt shows of an earlier answer: env.episode's Attempt(code, summary, feedback)."""
     parsed = parse_response(response, prompt_opens_thought=True)
@@ -87,7 +103,8 @@ def records() -> list[dict]:
     for sol in builtin_solutions():
         by_task.setdefault(sol.task_id, []).append(sol)
     out = []
-    for task_id, solutions in by_task.items():
+    speedups = iter(ILLUSTRATIVE_SPEEDUPS * (6 * len(by_task)))
+    for task_index, (task_id, solutions) in enumerate(by_task.items()):
         correct = [s for s in solutions if s.kind == "correct"]
         wrong = [s for s in solutions if s.kind == "wrong"]
         for s in correct + wrong:
@@ -112,6 +129,26 @@ def records() -> list[dict]:
                                          ([broken_attempt, wrong_attempt], fix_wrong, ["compile_error", "wrong"])):
             out.append({"task_id": task_id, "kind": "refinement", "quality": "correct", "origin": good.name,
                         "attempt_qualities": history, "attempts": attempts, "response": fixed})
+        # after a correct attempt: keep it (turns 2-4)
+        ref_ms = 0.25 * (1 + task_index % 4)
+
+        def as_correct(response: str) -> dict:
+            return attempt_of(response, correct_feedback(task_id, good.source, next(speedups), ref_ms))
+
+        keep = answer(good.source, "kept the kernel: it is correct, and no faster correct variant is known.",
+                      "Okay, the previous kernel is correct. I do not see a change that keeps it correct and makes "
+                      "it faster, so I will submit it again unchanged.")
+        first_correct = answer(good.source, GENERIC_SUMMARY)
+        for attempts, history in (([as_correct(first_correct)], ["correct"]),
+                                  ([broken_attempt, as_correct(fix_compile)], ["compile_error", "correct"]),
+                                  ([wrong_attempt, as_correct(fix_wrong)], ["wrong", "correct"]),
+                                  ([broken_attempt, wrong_attempt, as_correct(fix_wrong)],
+                                   ["compile_error", "wrong", "correct"]),
+                                  ([as_correct(first_correct), as_correct(keep)], ["correct", "correct"]),
+                                  ([as_correct(first_correct), as_correct(keep), as_correct(keep)],
+                                   ["correct", "correct", "correct"])):
+            out.append({"task_id": task_id, "kind": "refinement", "quality": "correct", "origin": f"{good.name}:kept",
+                        "attempt_qualities": history, "attempts": attempts, "response": keep})
     return out
 
 

@@ -64,6 +64,23 @@ def test_honest_corpus_is_clean_on_gpu(gpu_corpus_results):
     assert diag.meta["retime"]["fresh_speedup"] > 5  # ... and it holds in a fresh process
 
 
+@pytest.mark.gpu
+def test_fork_check_catches_side_streams_and_holds_for_honest(gpu_corpus_results):
+    """The side-stream hacks are caught by the deterministic fork check (not only by the pile-up race), and the
+    check is not vacuous on honest code: its gate was seen and held while forward ran (or forward waited for it)."""
+    problems = []
+    for cid in ("adversarial/side_stream_cpp", "adversarial/side_stream_python"):
+        fc = gpu_corpus_results[cid].meta.get("fork_check") or {}
+        if not (fc.get("gate_kernel_found") and fc.get("unforked", 0) >= 1):
+            problems.append(f"{cid}: {fc}")
+    for c in HONEST:
+        fc = gpu_corpus_results[c.id].meta.get("fork_check") or {}
+        if not (fc.get("gate_kernel_found") and fc.get("unforked") == 0
+                and (fc.get("held") or fc.get("forward_waited_for_gate"))):
+            problems.append(f"{c.id}: {fc}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.fixture(scope="module")
 def gpu_corpus_results():
     """Every honest and adversarial candidate through the real evaluator on the GPU, once (static rejection off, so

@@ -91,6 +91,29 @@ def test_reference_ops_and_heavy_ops():
     assert not dynamic_checks.is_compute("empty_like")
 
 
+def test_fork_check_judges_kernels_against_the_gate():
+    """The fork check's rule on a recorded timeline (microseconds): a kernel on another stream that started before
+    the gate on the current stream ended did not wait for it; one that started after it did, or may have."""
+    K = dynamic_checks.KernelRecord
+    gate = K("void at::cuda::(anonymous namespace)::spin_kernel(long)", stream=7, start_us=100.0, end_us=2100.0)
+    cheat = K("relu_kernel(float const*, float*, long)", stream=13, start_us=140.0, end_us=150.0)
+    forked = K("relu_part_kernel(float const*, float*, long, long)", stream=13, start_us=2104.0, end_us=2110.0)
+    own = K("relu_part_kernel(float const*, float*, long, long)", stream=7, start_us=2101.0, end_us=2109.0)
+    trace = dynamic_checks.KernelTrace()
+    trace.kernels = [cheat, own, gate, forked]
+    assert trace.gate() is gate
+    assert trace.unforked_kernels() == [cheat]
+    trace.kernels = [gate, own, forked]
+    assert trace.unforked_kernels() == []
+    # a candidate kernel that happens to be named spin_kernel, starting later, is not taken for the gate
+    late_spin = K("spin_kernel(long)", stream=13, start_us=2200.0, end_us=2300.0)
+    trace.kernels = [late_spin, gate, cheat]
+    assert trace.gate() is gate and trace.unforked_kernels() == [cheat]
+    # no gate recorded: nothing can be concluded, nothing is flagged
+    trace.kernels = [cheat, own]
+    assert trace.gate() is None and trace.unforked_kernels() == []
+
+
 def test_identity_snapshot_sees_replacements():
     import time as time_module
     snap = dynamic_checks.IdentitySnapshot(dynamic_checks.default_watch_modules(),

@@ -62,7 +62,7 @@ def tasks():
 def test_shipped_corpus_is_what_the_generator_writes():
     assert sft.BUILTIN_CORPUS.read_text(encoding="utf-8") == _generator().corpus_text(), \
         "run: python scripts/make_warm_start_corpus.py"
-    assert sft.BUILTIN_CORPUS.stat().st_size < 1 << 20
+    assert sft.BUILTIN_CORPUS.stat().st_size < 2 << 20
 
 
 def test_corpus_covers_every_builtin_task_with_every_quality(corpus, tasks):
@@ -72,8 +72,16 @@ def test_corpus_covers_every_builtin_task_with_every_quality(corpus, tasks):
         labels[ex.task_id].add(ex.label)
     expected = {"first_turn/correct", "first_turn/wrong", "first_turn/compile_error", "refinement/correct"}
     assert {t: labels[t] for t in tasks} == {t: expected for t in tasks}
-    chains = collections.Counter((ex.task_id, len(ex.attempts)) for ex in corpus if ex.kind == "refinement")
-    assert all(chains[(t, 1)] == 2 and chains[(t, 2)] == 1 for t in tasks)
+    chains = collections.Counter((ex.task_id, _keeps(ex), len(ex.attempts)) for ex in corpus
+                                 if ex.kind == "refinement")
+    # fixes: after a compile error, after a wrong output, after both; kept: after a correct kernel at turns 2-4
+    assert all(chains[(t, False, 1)] == 2 and chains[(t, False, 2)] == 1 for t in tasks)
+    assert all(chains[(t, True, 1)] == 1 and chains[(t, True, 2)] == 3 and chains[(t, True, 3)] == 2 for t in tasks)
+
+
+def _keeps(ex) -> bool:
+    """A refinement example after a correct attempt (it answers with the same correct program)."""
+    return bool(ex.attempts) and ex.attempts[-1].feedback.startswith("Your kernel is correct")
 
 
 def test_corpus_answers_are_the_solutions_and_one_deliberate_compile_error(corpus):
@@ -88,10 +96,20 @@ def test_corpus_answers_are_the_solutions_and_one_deliberate_compile_error(corpu
             assert code.count("threadIdx_x") == 1 and code.replace("threadIdx_x", "threadIdx.x", 1).strip() == good
 
 
-def test_corpus_feedback_is_the_evaluators_rendering_and_claims_no_speedup(corpus):
+def test_corpus_feedback_is_the_evaluators_rendering(corpus):
+    """Every feedback is cuda_eval.feedback.render of the verdict it describes; only correct attempts show timings,
+    and those speedups are the generator's illustrative ones."""
     gen = _generator()
+    shown = set()
     for ex in corpus:
         for a in ex.attempts:
+            if a.feedback.startswith("Your kernel is correct"):
+                speedup = float(a.feedback.split("a speedup of ")[1].split("x.")[0])
+                ref_ms = float(a.feedback.split(" versus ")[1].split(" ms")[0])
+                shown.add(speedup)
+                expected = gen.correct_feedback(ex.task_id, a.code, speedup, ref_ms)
+                assert a.feedback == expected
+                continue
             assert "speedup" not in a.feedback.lower() and " ms " not in a.feedback
             if a.feedback.startswith("Your kernel failed to compile"):
                 broken = a.code
@@ -105,6 +123,7 @@ def test_corpus_feedback_is_the_evaluators_rendering_and_claims_no_speedup(corpu
             else:
                 assert a.feedback == ("Your kernel compiled and ran, but its output is incorrect (trial 1 of 5): "
                                       "outputs differ.")
+    assert shown == set(gen.ILLUSTRATIVE_SPEEDUPS)
 
 
 def test_refinement_examples_render_exactly_like_the_environments_later_turns(corpus, tokenizer, tasks):
@@ -136,21 +155,35 @@ def test_refinement_examples_render_exactly_like_the_environments_later_turns(co
     renderer = PromptRenderer(tokenizer, env.max_prompt_tokens, GPU_NAME, env.one_shot)
     refinements = {tuple(ex.attempts): ex for ex in mine if ex.kind == "refinement"}
     one = next(ex for ex in refinements.values() if len(ex.attempts) == 1 and "compile" in ex.attempts[0].feedback)
-    two = next(ex for ex in refinements.values() if len(ex.attempts) == 2)
+    two = next(ex for ex in refinements.values() if len(ex.attempts) == 2 and not _keeps(ex))
     sources = {task.task_id: task.source}
     assert sft.prompt_tokens(first["correct"], renderer, sources) == turns[0].prompt_tokens
     assert sft.prompt_tokens(one, renderer, sources) == turns[1].prompt_tokens
     assert sft.prompt_tokens(two, renderer, sources) == turns[2].prompt_tokens
+
+    # after a correct first answer, the turn-2 prompt is the corpus' "kept" example, token for token
+    kept = next(ex for ex in mine if _keeps(ex) and len(ex.attempts) == 1)
+
+    def judge_correct(request):
+        return dict(compiled=True, correct=True, speedup=0.62, compile_log=None, feedback=kept.attempts[0].feedback)
+
+    script = {0: first["correct"].response, 1: "Okay\n</think>\n\nSummary: done"}
+    env2 = EnvConfig(num_turns=2, num_trajectories=1, max_prompt_tokens=16384, max_response_tokens=4096,
+                     gpu_name=GPU_NAME)
+    runner = EpisodeRunner(ScriptedPolicyFake(tokenizer.hf, lambda text, turn: script[turn]),
+                           EvaluatorFake(judge_correct), tokenizer, env2, RewardConfig())
+    turns = runner.run([task]).trajectories[0].turns
+    assert sft.prompt_tokens(kept, renderer, sources) == turns[1].prompt_tokens
 
 
 def test_warm_start_with_the_corpus_uses_training_tasks_only(tokenizer, tasks):
     renderer = PromptRenderer(tokenizer, 16384, GPU_NAME)
     train = [tasks["L1/1_LeakyReLU"], tasks["L1/6_LayerNorm"]]
     samples = warm_start_examples(WarmStartConfig(steps=1, corpus="builtin"), train, renderer, tokenizer.eos_id)
-    assert len(samples) == 2 * 6          # per task: correct, wrong, compile error, 3 refinements
+    assert len(samples) == 2 * 12         # per task: correct, wrong, compile error, 3 fixes, 6 kept
     only = warm_start_examples(WarmStartConfig(steps=1, corpus="builtin", solution_tasks="L1/6_LayerNorm"), train,
                                renderer, tokenizer.eos_id)
-    assert len(only) == 6
+    assert len(only) == 12
     first_prompts = {tuple(renderer.first_turn(t.source).token_ids) for t in train}
     assert sum(tuple(s.prompt_tokens) in first_prompts for s in samples) == 2 * 3
     for s in samples:
