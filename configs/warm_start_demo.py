@@ -4,8 +4,8 @@ three short RL runs fit in one device lease.
 Why not configs/one_gpu.py as it is: its Qwen2.5-0.5B shape carries a 152k-row embedding for the built-in
 tokenizer's 8192 ids, and a warm start long enough to write parseable kernels (400 steps at ~1.3-2.5 s) takes most
 of a 10-minute device call before RL even starts. small_80m (vocab 8192, 12 layers) memorises the warm-start corpus
-in a fraction of that. The RL learning rate is 5x the one-GPU config's: a demo of ~13 steps x 2 updates must move the
-policy within those ~26 Adam steps (single-turn at this rate collapses after ~5 steps: see below). Sampling
+in a fraction of that. The RL learning rate is 2x the one-GPU config's: a demo of ~10 steps x 2 updates must move
+the policy within those ~20 Adam steps (5e-5 drifts: see below). Sampling
 temperature 0.5 instead of Kevin's 0.9: at 0.9 the memorised policy (answer NLL 0.0056 per token) still draws a
 token from its tail every few hundred tokens and the rest of the answer derails. Session 5 (docs/LOG.md), first
 turns of the warm policy: none of the 21 correct answers contains a token drawn with probability < 5%; 32 of the 47
@@ -17,17 +17,22 @@ Commands (benchmarks/device/warm_start_demo.sh wraps them; README, "Does it lear
   python launch/sft.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/sft
   python launch/train.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/multi_seed0 \\
       --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0
-  (second seed: --config.seed=1; single-turn at the same 32 kernels per task and step: --config.env.num_turns=1
-   --config.env.num_trajectories=32 --config.reward.aggregation=single_turn)
+  (second seed: --config.seed=1; single-turn at the same 120 kernels per step: --config.env.num_turns=1
+   --config.env.num_trajectories=8 --config.reward.aggregation=single_turn)
 
-What to expect (docs/LOG.md, session 6; curves in docs/img/session6_demo_first_turn.png; 4x H200, 14.5 minutes per
-run, 13 multi-turn steps): the warm policy writes a mix of correct, wrong and non-compiling kernels, as the corpus
-does. Multi-turn RL raises the first-turn correct fraction from ~0.5 to ~0.9 and the first-turn mean score from
-0.4-0.6 to 0.8-1.1 with both seeds (3-step means, one pass over the task mix); trajectories with a correct kernel go
-from 0.76 to 0.95-1.0. Refinement turns get worse (their answers parse less often), so the mean over all kernels rises
-only from ~0.25 to ~0.35. Single-turn RL at the same 32 kernels per task and step rises for ~5 steps, then collapses:
-the answers stop parsing (entropy up 10-50x). This shows that rewards, advantages, masking and updates work end to
-end; it says nothing about 32B-scale results.
+Per step, every one of the 15 training tasks (2 trajectories x 4 turns, or 8 x 1 single-turn: 120 kernels), so that
+the per-step curves need no block means. Learning rate 2e-5: in session 7, at 5e-5 the per-token entropy of
+single-turn samples jumped ~10x after three steps and the parse rate fell (session 6's collapse starting), while at
+2e-5 both stayed flat.
+
+What to expect (docs/LOG.md, session 7; curves docs/img/session7_demo_*.png; 4x H200, two runs per GPU): the warm
+start (180-220 steps, answer NLL ~0.003-0.009) writes a mix of correct, wrong and non-compiling first answers (first
+turn 55-67% correct) and keeps a correct kernel in later turns (all kernels 78% correct at step 1). Single-turn RL at
+2e-5, both seeds: correct 0.65 / 0.55 -> 0.98 and mean score 0.73 / 0.63 -> 1.12 in 9-10 steps, stable. Multi-turn
+at 5e-5, both seeds (4-5 steps, ~3 min per step with two runs per GPU): first-turn correct 0.67 / 0.60 -> 0.87 / 0.93;
+the mean score over all kernels only 0.93 -> 0.97 / 1.08, as later turns drifted with seed 0. Multi-turn at 2e-5 is
+still to be run for more than two steps (benchmarks/device/plans/session8_x4.sh). This shows that rewards,
+advantages, masking and updates work end to end; it says nothing about 32B-scale results.
 """
 from configs import common  # noqa: F401  (the repo root on sys.path, as for every config)
 from configs import one_gpu
@@ -36,11 +41,13 @@ from configs import one_gpu
 def get_config():
     c = one_gpu.get_config()
     c.model.shape = "small_80m"
-    c.total_steps = 30                     # session 6's runs were cut by time first: 13 multi-, 28-30 single-turn
-    c.warm_start.steps = 200               # answer NLL 0.0033 (session 6, 260 s on an H200)
+    c.total_steps = 30                     # runs are cut by time first (session 7: 4-5 multi-, 9-10 single-turn steps)
+    c.warm_start.steps = 180               # answer NLL 0.0033 at step 176 (session 7, 204-example corpus, ~8 min)
     c.warm_start.learning_rate = 1e-3
     c.warm_start.corpus = "builtin"
-    c.optim.learning_rate = 5e-5
+    c.optim.learning_rate = 2e-5            # 5e-5 drifts after ~3 steps (docstring)
+    c.rl.tasks_per_step = 15               # every training task at every step
+    c.env.num_trajectories = 2             # x 4 turns: 120 kernels per step
     c.sampler.temperature = 0.5             # see the docstring: 0.9 derails the memorised answers
     c.holdout.every_steps = 0
     c.holdout.at_end = False

@@ -6,7 +6,7 @@
 #   bash benchmarks/device/warm_start_demo.sh rl multi_seed0 0      # multi-turn RL from the SFT checkpoint
 #   bash benchmarks/device/warm_start_demo.sh rl multi_seed1 1
 #   bash benchmarks/device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 \
-#        --config.env.num_trajectories=32 --config.reward.aggregation=single_turn   # same 32 kernels/task/step
+#        --config.env.num_trajectories=8 --config.reward.aggregation=single_turn    # same 120 kernels per step
 #   bash benchmarks/device/warm_start_demo.sh summary               # table + summary.json + PNG curves in $OUT
 #   bash benchmarks/device/warm_start_demo.sh eval multi_seed0      # launch/eval.py on a run's newest checkpoint
 #   bash benchmarks/device/warm_start_demo.sh eval sft              # ... or on the warm start itself
