@@ -194,6 +194,8 @@ def extension_functions(so_paths: Iterable[str]) -> list[Any]:
 
 # --- CUDA kernel trace ----------------------------------------------------------------------------------------
 GATE_KERNEL = "spin_kernel"   # the kernel torch.cuda._sleep launches (aten/src/ATen/cuda/Sleep.cu)
+
+
 @dataclasses.dataclass
 class KernelRecord:
     name: str

@@ -12,8 +12,8 @@ them (a short thought, the program in a ```python block, a summary):
   misspelt `threadIdx_x` in its cuda_sources: nvcc's `identifier "threadIdx_x" is undefined`);
 - refinement, "correct": (the compile-error attempt, its feedback) -> the correct program; (the wrong attempt, its
   feedback) -> the correct program; and (compile error, wrong) -> correct as a third turn;
-- refinement, "correct", origin "<solution>:kept": after a correct attempt (first turn, or a fix, or a kept one; turns 2-4), the same correct
-  program again. Without these, every refinement context after a correct kernel was new to the warm policy, and RL
+- refinement, "correct", origin "<solution>:kept": after a correct attempt (first turn, or a fix, or a kept one;
+  turns 2-4), the same correct program again. Without these, every refinement context after a correct kernel was new to the warm policy, and RL
   that made first turns correct made the later turns derail (docs/LOG.md, session 6: second-turn answers parsed
   0.8 -> 0.5-0.6, third- and fourth-turn kernels 7% / 0% correct even before RL). No task has a second, faster
   correct solution, so keeping the kernel is the best answer the corpus can show.
@@ -27,6 +27,7 @@ per task), not measurements, and the answer after them is the same whatever the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -103,7 +104,7 @@ def records() -> list[dict]:
     for sol in builtin_solutions():
         by_task.setdefault(sol.task_id, []).append(sol)
     out = []
-    speedups = iter(ILLUSTRATIVE_SPEEDUPS * (6 * len(by_task)))
+    speedups = itertools.cycle(ILLUSTRATIVE_SPEEDUPS)
     for task_index, (task_id, solutions) in enumerate(by_task.items()):
         correct = [s for s in solutions if s.kind == "correct"]
         wrong = [s for s in solutions if s.kind == "wrong"]
