@@ -83,7 +83,8 @@ def run_ours(mix, args) -> dict:
     for c, r in zip(mix, results):
         rows.append({"id": c.id, "category": category(c, seen), "compiled": r.compiled, "correct": r.correct,
                      "flags": [f["code"] for f in r.hack_flags], "speedup": r.speedup, "stage_times": r.stage_times,
-                     "cache_hit": r.meta.get("cache_hit"), "error": (r.runtime_error or "")[:160]})
+                     "cache_hit": r.meta.get("cache_hit"), "error": (r.runtime_error or "")[:160],
+                     "worker_phase_s": r.meta.get("phase_s") or {}, "fork_check": r.meta.get("fork_check")})
     stages = {}
     for stage in ("extract", "queue", "compile", "run", "total"):
         vals = [r.stage_times.get(stage, 0.0) for r in results]
@@ -184,6 +185,17 @@ def print_table(ours: dict, base: dict | None) -> None:
     print(f"\n{'stage':<10}{'mean s':>9}{'p50 s':>9}{'max s':>9}{'sum s':>9}")
     for stage, s in ours["stages"].items():
         print(f"{stage:<10}{s['mean_s']:>9.2f}{s['p50_s']:>9.2f}{s['max_s']:>9.2f}{s['sum_s']:>9.1f}")
+    # What the side-stream checks cost (worker phase 'kernel_trace': the fork check's gated call plus the pile-up
+    # pass; only candidates that passed correctness and timing reach it).
+    traced = [r for r in ours["rows"] if "kernel_trace" in r["worker_phase_s"]]
+    if traced:
+        trace_s = [r["worker_phase_s"]["kernel_trace"] for r in traced]
+        run_s = [r["stage_times"].get("run", 0.0) for r in traced]
+        gates = [r["fork_check"] or {} for r in traced]
+        print(f"\nkernel_trace phase (fork check + pile-up pass) on {len(traced)} candidates: mean "
+              f"{statistics.fmean(trace_s):.3f} s, max {max(trace_s):.3f} s, {sum(trace_s) / max(sum(run_s), 1e-9):.1%} "
+              f"of their run stage; gate held {sum(bool(g.get('held')) for g in gates)}/{len(gates)}, "
+              f"tries max {max((g.get('tries') or 0) for g in gates)}")
     print(f"\n{'candidate':<44}{'category':<15}{'ok':>4}{'flags':>26}{'compile':>9}{'run':>7}{'total':>7}")
     for r in ours["rows"]:
         st = r["stage_times"]
