@@ -25,14 +25,14 @@ the per-step curves need no block means. Learning rate 2e-5: in session 7, at 5e
 single-turn samples jumped ~10x after three steps and the parse rate fell (session 6's collapse starting), while at
 2e-5 both stayed flat.
 
-What to expect (docs/LOG.md, session 7; curves docs/img/session7_demo_*.png; 4x H200, two runs per GPU): the warm
-start (180-220 steps, answer NLL ~0.003-0.009) writes a mix of correct, wrong and non-compiling first answers (first
-turn 55-67% correct) and keeps a correct kernel in later turns (all kernels 78% correct at step 1). Single-turn RL at
-2e-5, both seeds: correct 0.65 / 0.55 -> 0.98 and mean score 0.73 / 0.63 -> 1.12 in 9-10 steps, stable. Multi-turn
-at 5e-5, both seeds (4-5 steps, ~3 min per step with two runs per GPU): first-turn correct 0.67 / 0.60 -> 0.87 / 0.93;
-the mean score over all kernels only 0.93 -> 0.97 / 1.08, as later turns drifted with seed 0. Multi-turn at 2e-5 is
-still to be run for more than two steps (benchmarks/device/plans/session8_x4.sh). This shows that rewards,
-advantages, masking and updates work end to end; it says nothing about 32B-scale results.
+What to expect (docs/LOG.md, sessions 7-8; curves docs/img/session8_demo_*.png; 4x H200, one run per GPU): the
+warm start (220 steps, ~10 min, answer NLL ~0.003) writes a mix of correct, wrong and non-compiling first answers
+(first turn 55-67% correct) and keeps a correct kernel in later turns (all kernels ~78% correct at step 1; a
+180-step warm start left later turns at 48-58%). Single-turn RL, both seeds: correct ~0.6 -> 0.9-0.98 and mean
+score ~0.7 -> 1.0-1.1 in 5-10 steps (~40 s per step), stable. Multi-turn RL at 2e-5 (~2 min per step with 16
+compile workers: four dependent evaluation rounds), seed 1: all-kernel correct 0.48 -> 0.68 and mean score
+0.57 -> 0.73 in 7 steps; the second seed's run is still to be shown (benchmarks/device/plans/session9_x4.sh). This
+shows that rewards, advantages, masking and updates work end to end; it says nothing about 32B-scale results.
 """
 from configs import common  # noqa: F401  (the repo root on sys.path, as for every config)
 from configs import one_gpu
@@ -42,7 +42,7 @@ def get_config():
     c = one_gpu.get_config()
     c.model.shape = "small_80m"
     c.total_steps = 30                     # runs are cut by time first (session 7: 4-5 multi-, 9-10 single-turn steps)
-    c.warm_start.steps = 180               # answer NLL 0.0033 at step 176 (session 7, 204-example corpus, ~8 min)
+    c.warm_start.steps = 220               # answer NLL 0.0033 at step 176 (session 7, ~10 min); 180 is too few (session 8)
     c.warm_start.learning_rate = 1e-3
     c.warm_start.corpus = "builtin"
     c.optim.learning_rate = 2e-5            # 5e-5 drifts after ~3 steps (docstring)

@@ -248,7 +248,8 @@ class _Runner:
                     "wall_s": 0.0, "cancelled": True}
         limits = dataclasses.replace(self.limits, wall_timeout_s=max(0.1, left))
         t0 = time.monotonic()
-        proc = self.session.spawn(list(argv), limits, cwd=self.cwd, extra_env=extra_env)
+        # this thread waits for the step below, so the step may die with it (no compile left running unwatched)
+        proc = self.session.spawn(list(argv), limits, cwd=self.cwd, extra_env=extra_env, die_with_parent_thread=True)
         with self._lock:
             self._procs.add(proc)
         try:

@@ -77,9 +77,12 @@ class _Worker:
 
 
 def default_spawn(argv: list[str], workdir: str, limits: Any, env: dict[str, str]):
-    """Start a worker through the native sandbox (cuda_eval.sandbox, part 1)."""
+    """Start a worker through the native sandbox (cuda_eval.sandbox, part 1). It dies with its slot thread: the
+    job's timeout is enforced by that thread, so a worker whose evaluator was killed (a run cut by `timeout`) would
+    otherwise keep going unwatched, e.g. a hung kernel spinning on the GPU for hours under the next run's timings
+    (docs/LOG.md, session 8). Safe because the slot thread starts, waits for and discards its own workers."""
     from cuda_eval import sandbox
-    return sandbox.spawn_sandboxed(argv, workdir, limits, extra_env=env)
+    return sandbox.spawn_sandboxed(argv, workdir, limits, extra_env=env, die_with_parent_thread=True)
 
 
 def default_limits(config: PoolConfig, timeout_s: float):

@@ -388,9 +388,15 @@ class SandboxSession:
         return _finish(res, self._lease, self.workdir)
 
     def spawn(self, argv: Sequence[str], limits: SandboxLimits, *, stdin: bytes | None = None,
-              cwd: str | None = None, extra_env: Mapping[str, str] | None = None):
+              cwd: str | None = None, extra_env: Mapping[str, str] | None = None,
+              die_with_parent_thread: bool = False):
+        """Start one process and return at once. The lifetime cap and the waits are enforced by this process, so a
+        child whose parent is killed would run on unwatched: die_with_parent_thread=True has the kernel kill it
+        when the calling thread ends (the whole process dying included). Only for a caller whose thread outlives
+        the child (it waits for it, or kills it, before it ends)."""
         argv, kwargs = self._kwargs(argv, limits, cwd, extra_env)
-        return _native.spawn(argv, timeout_s=limits.wall_timeout_s, stdin=stdin, **kwargs)
+        return _native.spawn(argv, timeout_s=limits.wall_timeout_s, stdin=stdin,
+                             die_with_parent_thread=die_with_parent_thread, **kwargs)
 
     def close(self) -> None:
         """Kill every process left under the session's uid and sweep its files from the temp dirs."""
@@ -476,12 +482,13 @@ class SandboxedProcess:
 
 def spawn_sandboxed(argv: Sequence[str], workdir: str, limits: SandboxLimits,
                     env_allow: Iterable[str] = DEFAULT_ENV_ALLOW, extra_env: Mapping[str, str] | None = None,
-                    stdin: bytes | None = None) -> SandboxedProcess:
+                    stdin: bytes | None = None, die_with_parent_thread: bool = False) -> SandboxedProcess:
     """Start `argv` sandboxed and return at once; stdin is a pipe (write_stdin / close_stdin).
-    limits.wall_timeout_s caps the whole lifetime; wait(timeout_s) adds a per-wait limit."""
+    limits.wall_timeout_s caps the whole lifetime; wait(timeout_s) adds a per-wait limit; die_with_parent_thread:
+    see SandboxSession.spawn."""
     session = SandboxSession(workdir, env_allow=env_allow, extra_env=extra_env)
     try:
-        process = session.spawn(argv, limits, stdin=stdin)
+        process = session.spawn(argv, limits, stdin=stdin, die_with_parent_thread=die_with_parent_thread)
     except BaseException:
         session.close()
         raise

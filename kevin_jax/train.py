@@ -492,6 +492,10 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
                                                          spec.log.thought_prefix).items()})
+            if values.get("rollout/timing_contended_rate", 0.0) > 0.0:
+                logging.warning("step %d: %.0f%% of the timed kernels ran while the GPU was slower than when their "
+                                "reference was timed (another process on it?): their speedups are under-estimates",
+                                step, 100 * values["rollout/timing_contended_rate"])
             if jax.default_backend() == "gpu":
                 policy.engine.release_memory()          # the KV pool's memory goes to the update
 

@@ -188,9 +188,10 @@ PYBIND11_MODULE(_native, m) {
       [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
          std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
          std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
-         bool sweep_uid) {
+         bool sweep_uid, bool die_with_parent_thread) {
         SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
         o.pipe_stdin = true;
+        o.die_with_parent_thread = die_with_parent_thread;
         o.lifetime_s = timeout_value(timeout_s);
         std::unique_ptr<Child> child;
         {
@@ -203,9 +204,11 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("argv"), py::kw_only(), py::arg("env"), py::arg("cwd"), py::arg("timeout_s") = py::none(),
       py::arg("limits"), py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
-      py::arg("gid") = py::none(), py::arg("sweep_uid") = true,
+      py::arg("gid") = py::none(), py::arg("sweep_uid") = true, py::arg("die_with_parent_thread") = false,
       "Like run() but returns a Process at once (stdin is a pipe). timeout_s here caps the child's whole lifetime "
-      "(None: no cap); Process.wait(timeout_s) adds a per-wait limit.");
+      "(None: no cap); Process.wait(timeout_s) adds a per-wait limit. The cap and the waits are enforced by this "
+      "process: die_with_parent_thread=True (PR_SET_PDEATHSIG) kills the child when the calling thread ends, "
+      "process death included; only for callers whose thread outlives the child.");
 
   m.def("kill_uid", &kill_uid, py::arg("uid"), py::call_guard<py::gil_scoped_release>(),
         "Kill every process of this uid (refuses 0 and our own uid). Returns how many are still alive.");

@@ -167,6 +167,64 @@ def test_spawn_lifetime_cap(sandbox_tmp):
     assert res["timed_out"] and res["wall_s"] < 5
 
 
+PARENT_THEN_KILLED = """
+import os, signal, sys, time
+sys.path[:0] = {paths!r}
+from cuda_eval import gpu_pool, sandbox as sb
+limits = sb.SandboxLimits(**{limits!r})
+argv = [sys.executable, "-c", "import time; time.sleep(120)"]
+if {pool!r}:
+    p = gpu_pool.default_spawn(argv, {workdir!r}, limits, {{}})
+else:
+    p = sb.spawn_sandboxed(argv, {workdir!r}, limits)
+print(p.pid, flush=True)
+time.sleep(0.5)
+os.kill(os.getpid(), signal.SIGKILL)  # as `timeout` or the OOM killer would end an evaluator
+"""
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _orphan_after_parent_killed(sandbox_tmp, pool: bool) -> tuple[int, bool]:
+    """(child pid, alive 5 s after its parent process was SIGKILLed while waiting for it)."""
+    import subprocess
+    limits = {**LIMITS.__dict__, "wall_timeout_s": 120}
+    code = PARENT_THEN_KILLED.format(paths=sys.path, limits=limits, pool=pool, workdir=str(sandbox_tmp / "w"))
+    parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert parent.returncode == -signal.SIGKILL, parent.stderr[-2000:]
+    pid = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while _process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid, _process_alive(pid)
+
+
+def test_pool_worker_dies_with_a_killed_evaluator(sandbox_tmp):
+    """Session 8: a run cut by `timeout` left its GPU worker unwatched (the job timeout lives in the evaluator), and
+    the next run on that GPU measured every kernel ~9x slower. Pool workers now die with their slot thread."""
+    pid, alive = _orphan_after_parent_killed(sandbox_tmp, pool=True)
+    assert not alive, f"worker {pid} outlived its killed evaluator"
+
+
+def test_a_plain_spawn_outlives_its_parent_so_the_pool_must_ask(sandbox_tmp):
+    """The control: without die_with_parent_thread the child runs on after its parent is killed (which is why the
+    test above can fail)."""
+    pid, alive = _orphan_after_parent_killed(sandbox_tmp, pool=False)
+    try:
+        assert alive
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def test_runs_in_parallel_threads_release_the_gil(sandbox_tmp):
     out = []
     threads = [threading.Thread(target=lambda i=i: out.append(run(sandbox_tmp / str(i), "import time; time.sleep(1)")))

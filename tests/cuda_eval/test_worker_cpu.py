@@ -77,3 +77,32 @@ def test_next_candidate_runs_normally_after_each_bad_one(compile_pool):  # noqa:
             good = ev.evaluate([corpus_index.request(BY_NAME["honest_relu"], f"after {name}")])[0]
             assert bad.correct is False and bad.runtime_error, name
             assert good.correct is True and not good.hack_flags and good.speedup, (name, good.runtime_error)
+
+
+def test_cached_reference_time_is_checked_next_to_each_candidate(compile_pool, tmp_path):  # noqa: F811
+    """Speedups divide a cached reference time (timed once per task) by the candidate's, timed now. The worker
+    re-times the reference briefly next to each candidate: a cached time that is 10x too slow (it would inflate every
+    speedup) is replaced by a full timing now; one that is 10x too fast (as when the GPU is shared with another
+    process now: session 8) is kept, since a candidate must not raise its speedup by slowing what runs after it, and
+    the verdict says its speedup is an under-estimate (meta.timing_contended)."""
+    from cuda_eval.ref_timing import task_hash
+    cand = BY_NAME["honest_relu"]
+    digest = task_hash(cand.task_source)
+    with Evaluator(cpu_config(ref_timing_cache_dir=str(tmp_path / "ref")), compile_pool=compile_pool) as ev:
+        first = ev.evaluate([corpus_index.request(cand, "first")])[0]
+        assert first.correct and first.meta["ref_timing_cached"] is False and "ref_check" not in first.meta
+        [(key, measured)] = ev.ref_cache.entries(digest).items()
+        true_ms = measured["median_ms"]
+
+        ev.ref_cache.store(digest, key, dict(measured, median_ms=true_ms * 10))
+        stale_slow = ev.evaluate([corpus_index.request(cand, "cached too slow")])[0]
+        assert stale_slow.correct and stale_slow.meta["ref_timing_cached"] is False, stale_slow.meta
+        assert stale_slow.meta["ref_check"]["ratio"] < 1 / 1.5 and not stale_slow.meta.get("timing_contended")
+        assert stale_slow.ref_timing["median_ms"] < true_ms * 5            # timed now, not the cached 10x
+        assert ev.ref_cache.entries(digest)[key]["median_ms"] < true_ms * 5  # and the cache corrected
+
+        ev.ref_cache.store(digest, key, dict(measured, median_ms=true_ms / 10))
+        contended = ev.evaluate([corpus_index.request(cand, "cached too fast")])[0]
+        assert contended.correct and contended.meta["ref_timing_cached"] is True
+        assert contended.ref_timing["median_ms"] == true_ms / 10             # kept: never raised by a re-timing
+        assert contended.meta["ref_check"]["ratio"] > 1.5 and contended.meta["timing_contended"] is True

@@ -261,3 +261,20 @@ def test_scripted_policy_with_the_real_evaluator_gives_the_expected_verdicts(tmp
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     result = json.loads((tmp_path / "env.json").read_text())
     assert result["failures"] == 0 and len(result["turns"]) == 6
+
+
+def test_rollout_scalars_count_contended_timings_among_timed_kernels():
+    """rollout/timing_contended_rate: the share of timed (correct) kernels whose verdict says the GPU ran the cached
+    reference >1.5x slower than when it was cached (cuda_eval's meta.timing_contended); untimed kernels don't count."""
+    from kevin_jax.env.episode import Turn
+    from kevin_jax.rl.rollout_stats import rollout_scalars
+
+    def turn(i, speedup, contended=False):
+        verdict = {"compiled": True, "correct": speedup is not None, "speedup": speedup, "hack_flags": [],
+                   "meta": {"timing_contended": True} if contended else {}}
+        return Turn(i, [1], [2], [0.0], "eos", "Okay", {"format_error": None}, verdict)
+
+    trajs = [Trajectory("t", 0, 0, 0, [turn(0, 1.2, contended=True), turn(1, None)]),
+             Trajectory("t", 1, 0, 0, [turn(0, 0.8), turn(1, 0.9), turn(2, None, contended=True)])]
+    assert rollout_scalars(trajs, 3)["timing_contended_rate"] == pytest.approx(1 / 3)
+    assert "timing_contended_rate" not in rollout_scalars([Trajectory("t", 0, 0, 0, [turn(0, None)])], 1)

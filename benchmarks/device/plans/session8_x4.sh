@@ -5,9 +5,10 @@
 # 15 tasks per step, multi 2 trajectories x 4 turns, warm start 180 steps.
 # While the warm start runs on GPU 0: evaluator throughput on GPU 1 with the fork check (session 7) in place, and
 # what the kernel_trace phase (fork check + pile-up pass) costs per candidate (session 7 did not measure it).
+# (Run as written in session 8, when the demo config's warm start was 180 steps; now explicit here.)
 # The first call runs `source benchmarks/device/setup.sh` and exports KEVIN_SKIP_BUILD=1 before `plan`.
 bash benchmarks/device/gpus.sh start eval_throughput 1 'timeout 360 python3 benchmarks/eval_throughput.py --baseline-n 0 --compile-workers 8 --out $OUT/eval_throughput.json'
-CUDA_VISIBLE_DEVICES=0 LIMIT_S=600 bash benchmarks/device/warm_start_demo.sh sft
+CUDA_VISIBLE_DEVICES=0 SFT_STEPS=180 LIMIT_S=600 bash benchmarks/device/warm_start_demo.sh sft
 WAIT_S=30 bash benchmarks/device/gpus.sh wait eval_throughput
 bash benchmarks/device/gpus.sh kill eval_throughput
 bash benchmarks/device/gpus.sh start multi_seed0 0 "LIMIT_S=840 RL_STEPS=60 bash benchmarks/device/warm_start_demo.sh rl multi_seed0 0 --config.eval.compile_workers=16"
