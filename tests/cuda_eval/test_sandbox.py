@@ -209,6 +209,8 @@ def test_pool_worker_dies_with_a_killed_evaluator(sandbox_tmp):
     """Session 8: a run cut by `timeout` left its GPU worker unwatched (the job timeout lives in the evaluator), and
     the next run on that GPU measured every kernel ~9x slower. Pool workers now die with their slot thread."""
     pid, alive = _orphan_after_parent_killed(sandbox_tmp, pool=True)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
     assert not alive, f"worker {pid} outlived its killed evaluator"
 
 
