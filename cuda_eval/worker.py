@@ -67,7 +67,7 @@ GATE_MIN_MS = 2.0             # the fork check's gate: at least this long, and 4
 GATE_MAX_MS = 250.0           # ...at most (a forward that synchronises the device waits for the whole gate)
 GATE_SETTLE_S = 0.001         # after forward returns, the gate must still hold this long (launched work starts)
 REF_DRIFT = 1.5               # a cached reference time is checked next to each candidate's: off by more = drift
-REF_CHECK = dict(target_s=0.02, warmup_s=0.005, min_reps=5, max_reps=50, min_warmup=2, max_warmup=10)
+REF_CHECK = timing.TimingConfig(target_s=0.02, warmup_s=0.005, min_reps=5, max_reps=50, min_warmup=2, max_warmup=10)
 CANDIDATE_MODULE = "kernelbench_candidate"
 MAX_ERROR_CHARS = 2500
 
@@ -571,7 +571,8 @@ class JobRunner:
                 raise CandidateError(format_exception(e, "timing ModelNew.forward"))
             if cached:
                 self.ref_timing = cached
-                cached = self._check_cached_reference(cached, runner(self.ref_model), len(sets))
+                if not self._cached_reference_holds(cached, runner(self.ref_model), len(sets)):
+                    cached = None
             if not cached:
                 try:
                     self.ref_timing = timing.time_rotating(runner(self.ref_model), len(sets),
@@ -581,11 +582,11 @@ class JobRunner:
                     raise ReferenceError_(format_exception(e, "timing the reference"))
                 self.ref_timing_measured = True
 
-    def _check_cached_reference(self, cached: dict, call, n_sets: int) -> dict | None:
+    def _cached_reference_holds(self, cached: dict, call, n_sets: int) -> bool:
         """A cached reference time is a measurement from another process, maybe under other conditions. A short
         re-timing of the reference right after the candidate's (same lock, same inputs) says whether it still holds:
         - the reference now runs REF_DRIFT x faster: the cached time was taken on a slower GPU state (it would
-          inflate every speedup): returns None, so the reference is timed in full now and the cache updated;
+          inflate every speedup): False, so the reference is timed in full now and the cache updated;
         - REF_DRIFT x slower: the GPU is slower now than when the reference was cached (another process on it, e.g.
           session 8's orphaned worker; or clocks): the cached time is kept, since a candidate must not be able to
           raise its speedup by slowing what runs after it, and meta.timing_contended says the speedup is an
@@ -593,17 +594,17 @@ class JobRunner:
         Otherwise the cached time stands."""
         try:
             check = timing.time_rotating(call, n_sets, timer=self.device.timer, device_type=self.device.type,
-                                         config=timing.TimingConfig(**REF_CHECK))
+                                         config=REF_CHECK)
         except Exception as e:
             raise ReferenceError_(format_exception(e, "re-timing the reference"))
         ratio = check["median_ms"] / max(float(cached["median_ms"]), 1e-9)
         self.meta["ref_check"] = {"cached_ms": cached["median_ms"], "check_ms": round(check["median_ms"], 6),
                                   "ratio": round(ratio, 3)}
         if ratio * REF_DRIFT < 1.0:
-            return None
+            return False
         if ratio > REF_DRIFT:
             self.meta["timing_contended"] = True
-        return cached
+        return True
 
     def _time_compiled_reference(self) -> dict | None:
         """torch.compile(reference) on the candidate's timing inputs, with its timing settings (set by run_timing)."""

@@ -1,13 +1,15 @@
 """The sandboxed runner (cuda_eval._native + cuda_eval.sandbox) against real misbehaving programs."""
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
-from cuda_eval import _native
+from cuda_eval import _native, gpu_pool
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 from cuda_eval import sandbox as sb
 
@@ -183,48 +185,33 @@ os.kill(os.getpid(), signal.SIGKILL)  # as `timeout` or the OOM killer would end
 """
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _orphan_after_parent_killed(sandbox_tmp, pool: bool) -> tuple[int, bool]:
-    """(child pid, alive 5 s after its parent process was SIGKILLed while waiting for it)."""
-    import subprocess
+def _survives_parent_kill(sandbox_tmp, pool: bool) -> bool:
+    """Whether the child is still alive 5 s after its parent process was SIGKILLed while waiting for it (a survivor
+    is killed afterwards)."""
     limits = {**LIMITS.__dict__, "wall_timeout_s": 120}
     code = PARENT_THEN_KILLED.format(paths=sys.path, limits=limits, pool=pool, workdir=str(sandbox_tmp / "w"))
     parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert parent.returncode == -signal.SIGKILL, parent.stderr[-2000:]
-    pid = int(parent.stdout.split()[0])
+    child = types.SimpleNamespace(pid=int(parent.stdout.split()[0]))  # gpu_pool._alive reads /proc for it
     deadline = time.monotonic() + 5
-    while _process_alive(pid) and time.monotonic() < deadline:
+    while gpu_pool._alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return pid, _process_alive(pid)
+    alive = gpu_pool._alive(child)
+    if alive:
+        os.kill(child.pid, signal.SIGKILL)
+    return alive
 
 
 def test_pool_worker_dies_with_a_killed_evaluator(sandbox_tmp):
     """Session 8: a run cut by `timeout` left its GPU worker unwatched (the job timeout lives in the evaluator), and
     the next run on that GPU measured every kernel ~9x slower. Pool workers now die with their slot thread."""
-    pid, alive = _orphan_after_parent_killed(sandbox_tmp, pool=True)
-    if alive:
-        os.kill(pid, signal.SIGKILL)
-    assert not alive, f"worker {pid} outlived its killed evaluator"
+    assert not _survives_parent_kill(sandbox_tmp, pool=True), "a worker outlived its killed evaluator"
 
 
 def test_a_plain_spawn_outlives_its_parent_so_the_pool_must_ask(sandbox_tmp):
     """The control: without die_with_parent_thread the child runs on after its parent is killed (which is why the
     test above can fail)."""
-    pid, alive = _orphan_after_parent_killed(sandbox_tmp, pool=False)
-    try:
-        assert alive
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    assert _survives_parent_kill(sandbox_tmp, pool=False)
 
 
 def test_runs_in_parallel_threads_release_the_gil(sandbox_tmp):
