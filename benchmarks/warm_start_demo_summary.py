@@ -1,6 +1,8 @@
 """Issue 9's numbers from RL workdirs: per step, mean score, correct fraction, share of fast kernels among correct ones
 (speedup > 1), kernels evaluated, format-ok share, stop reasons and the commonest format errors; a table, a JSON
-file, PNG curves and samples_<run>.txt (the first responses of the first and last step).
+file, PNG curves and samples_<run>.txt (the first responses of the first and last step). Then issue 9's criterion,
+fixed before session 10's runs (docs/LOG.md, session 9): per run, all-kernel correct fraction and mean score, mean
+of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside.
 
     python benchmarks/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
@@ -35,14 +37,34 @@ def step_stats(path: Path) -> dict:
     # why answers never reached the compiler: a run with no compiled kernel is diagnosed from these (docs/LOG.md)
     format_errors = Counter((t["parsed"].get("format_error") or "")[:80] for t in turns
                             if t["parsed"].get("format_error") is not None)
+    first = [(v, t) for v, t in zip(verdicts, turns) if t.get("turn") == 0]
     return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
             "correct_fraction": len(correct) / n,
+            "first_turn_correct_fraction": sum(v.get("correct") is True and not v.get("hack_flags")
+                                               and t["parsed"].get("format_error") is None
+                                               for v, t in first) / max(1, len(first)),
             "compiled_fraction": sum(v.get("compiled") is True for v in verdicts) / n,
             "fast_share_of_correct": len(fast) / len(correct) if correct else None,
             "format_ok_fraction": 1.0 - sum(format_errors.values()) / n,
             "format_errors": dict(format_errors.most_common(5)),
             "stop_reasons": dict(Counter(t.get("stop_reason") for t in turns)),
             "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n}
+
+
+CRITERION_LAST_STEPS = 3
+CRITERION_MARGIN = 0.05
+
+
+def criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS, margin: float = CRITERION_MARGIN) -> dict:
+    """Step 1 against the mean of the last `last` steps, for all-kernel correct fraction and mean score (and the
+    first turn's correct fraction, reported only); passes when both all-kernel values rose by >= `margin`. A run
+    needs more than `last` steps to be judged."""
+    out = {"steps": len(steps), "judged": len(steps) > last}
+    for key in ("correct_fraction", "score_mean", "first_turn_correct_fraction"):
+        start, tail = steps[0][key], [s[key] for s in steps[-last:]]
+        out[key] = {"step_1": start, f"last_{last}_mean": sum(tail) / len(tail), "delta": sum(tail) / len(tail) - start}
+    out["passed"] = out["judged"] and all(out[k]["delta"] >= margin for k in ("correct_fraction", "score_mean"))
+    return out
 
 
 def step_files(workdir: Path) -> list[tuple[int, Path]]:
@@ -91,7 +113,20 @@ def main() -> None:
         for s in (steps[0], steps[-1]) if len(steps) > 1 else steps:
             print(f"| {name} | {s['step']} | {s['format_ok_fraction']:.3f} | {s['response_tokens_mean']:.0f} | "
                   f"{s['stop_reasons']} | {s['format_errors']} |")
-    (args.out / "summary.json").write_text(json.dumps(runs, indent=1) + "\n")
+    verdicts = {name: criterion(steps) for name, steps in runs.items()}
+    print(f"\n| run | steps | metric | step 1 | mean of last {CRITERION_LAST_STEPS} | change | "
+          f"criterion (both all-kernel changes >= {CRITERION_MARGIN}) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, v in verdicts.items():
+        verdict = (("passed" if v["passed"] else "failed") if v["judged"]
+                   else f"not judged (<= {CRITERION_LAST_STEPS} steps)")
+        for key, label in (("correct_fraction", "correct, all kernels"), ("score_mean", "mean score, all kernels"),
+                           ("first_turn_correct_fraction", "first-turn correct")):
+            m = v[key]
+            tail = m[f"last_{CRITERION_LAST_STEPS}_mean"]
+            print(f"| {name} | {v['steps']} | {label} | {m['step_1']:.3f} | {tail:.3f} | {m['delta']:+.3f} | "
+                  f"{verdict if key == 'correct_fraction' else ''} |")
+    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": verdicts}, indent=1) + "\n")
     for w in args.workdirs:
         write_samples(w, args.out)
     try:

@@ -14,9 +14,10 @@ What to expect (measured on an H200, 2026-11-21, docs/LOG.md): start-up and the 
 of first answers had a code block and none compiled into a correct kernel, so every advantage was zero; hence 400
 steps here; with the corpus (90 training examples, mean 2.3k tokens, longest 6k) a step packs longer rows: measured
 3.6 s per step on an H200, NLL 12.0 -> 0.53 after 80 steps, so the 400 steps take ~24 min before the first RL step;
-docs/LOG.md, session 5). To warm-start once and start several RL runs from it, run launch/sft.py with this config and
-pass its output as --config.model.hf_checkpoint (README, "Warm start / SFT"); configs/warm_start_demo.py does the
-same with an 80M policy whose warm start takes ~5.5 min.
+docs/LOG.md, session 5; measured before session 9's fix, since which the warm start uses cuDNN flash attention
+as the update does: faster, not yet re-measured). To warm-start once and start several RL runs from it, run
+launch/sft.py with this config and pass its output as --config.model.hf_checkpoint (README, "Warm start / SFT");
+configs/warm_start_demo.py does the same with an 80M policy.
 Then one line per step, "step k/10: score ..., correct ..., sampling ~20-45 s, evaluation ..., update ...,
 MFU update ..%"; the first step is slower by JAX compiles and cold nvcc builds (~10 s per
 distinct kernel on 16 cores, cached afterwards). TensorBoard: <workdir>/tensorboard (~90 scalars per step).

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -33,7 +34,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from kevin_jax import parallel
+from kevin_jax import logs, parallel
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl.loss import RLConfig
@@ -216,11 +217,15 @@ def to_samples(examples: Sequence[Example], renderer: PromptRenderer, end_token:
 
 # ---------------------------------------------------------------------------------------------------- training
 def response_nll_fn(graphdef, mesh, rl: RLConfig):
-    """loss(params, micro_batch) = -sum over response targets of weight * log p (prompt and padding masked)."""
+    """loss(params, micro_batch) = -sum over response targets of weight * log p (prompt and padding masked).
+    Unpacked rows (rl.pack=False) are one sequence then padding, as in the RL update: promised to the model so that
+    it uses cuDNN flash attention on GPU. Without the promise (sessions 5-9) it fell back to blockwise pure-JAX
+    attention beyond 4096 tokens: warm-start steps at 0.3-0.6% MFU and a 17 GiB buffer (docs/LOG.md, session 9)."""
     def loss_fn(params, mb):
         with parallel.activation_sharding(mesh):
             logp = nnx.merge(graphdef, params).token_logprobs(mb["tokens"], mb["positions"], mb["segment_ids"],
-                                                              mb["targets"], chunk_size=rl.logprob_chunk)
+                                                              mb["targets"], chunk_size=rl.logprob_chunk,
+                                                              right_padded=not rl.pack)
         return -jnp.sum(jnp.where(mb["loss_mask"], mb["loss_weights"] * logp, 0.0))
     return loss_fn
 
@@ -239,7 +244,11 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
               learning_rate: float, batch_size: int, seed: int, log_prefix: str = "sft") -> tuple[Any, dict]:
     """Adam on the mean response NLL; every step uses a seeded random batch of `batch_size` samples, packed into
     micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated.
-    Returns (params, {prefix/first_nll, prefix/last_nll, prefix/examples})."""
+    Each log line also gives the seconds per step since the previous line, real tokens per second, the share of
+    padded tokens, the share of wall time spent on the host building batches, and MFU (model FLOPs of the real
+    tokens; n/a on CPU), so that a slow warm start shows where its time goes.
+    Returns (params, {prefix/first_nll, prefix/last_nll, prefix/examples, and the last interval's
+    prefix/seconds_per_step, tokens_per_second, padding_fraction, host_fraction, mfu (where the peak is known)})."""
     if not samples:
         raise ValueError("fine_tune: no samples")
     tx = optimizer(learning_rate, steps)
@@ -249,6 +258,8 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
     per_step = min(len(samples), batch_size)
     grad_fn = jax.jit(jax.value_and_grad(response_nll_fn(graphdef, mesh, rl)))
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+    flops = logs.FlopModel.of(nnx.merge(graphdef, params).config)
+    peak = logs.peak_flops(jax.devices()[0].device_kind)
 
     @jax.jit
     def apply_fn(p, o, grads, scale):
@@ -257,22 +268,41 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5F7]))
     first = last = float("nan")
+    speed: dict[str, float] = {}
+    since, steps_since, real, padded, host_s, model_flops = time.perf_counter(), 0, 0, 0, 0.0, 0.0
     for i in range(steps):
+        t_host = time.perf_counter()
         chosen = [samples[j] for j in sorted(rng.choice(len(samples), per_step, replace=False))]
-        mbs, _ = rl_batch.micro_batches(chosen, rl, divisor)
+        mbs, layout = rl_batch.micro_batches(chosen, rl, divisor)
+        device_mbs = [{k: put_global(v, batch_sharding) for k, v in mb.items()} for mb in mbs]
+        host_s += time.perf_counter() - t_host
+        lengths = [len(s) for s in chosen]
+        real, padded = real + sum(lengths), padded + layout.padded_tokens
+        model_flops += flops.train(lengths)
         total_loss, grads = 0.0, None
-        for mb in mbs:
-            loss, g = grad_fn(params, {k: put_global(v, batch_sharding) for k, v in mb.items()})
+        for mb in device_mbs:
+            loss, g = grad_fn(params, mb)
             grads = g if grads is None else add(grads, g)
             total_loss = total_loss + loss
         # the mean over the step's examples of each example's mean response-token NLL
         params, opt_state = apply_fn(params, opt_state, grads, jnp.float32(1.0 / len(chosen)))
+        steps_since += 1
         if i == 0 or i == steps - 1 or (i + 1) % max(1, steps // 5) == 0:
-            last = float(to_host(total_loss)) / len(chosen)
+            last = float(to_host(total_loss)) / len(chosen)      # waits for the step: the interval's time is real
             first = last if i == 0 else first
-            log.info("%s step %d/%d: answer NLL %.4f", log_prefix, i + 1, steps, last)
+            elapsed = time.perf_counter() - since
+            speed = {"seconds_per_step": elapsed / steps_since, "tokens_per_second": real / elapsed,
+                     "padding_fraction": 1.0 - real / padded, "host_fraction": host_s / elapsed,
+                     "mfu": logs.mfu(model_flops, elapsed, len(jax.devices()), peak)}
+            log.info("%s step %d/%d: answer NLL %.4f, %.2f s/step%s, %.0f tokens/s, %.0f%% padding, %.0f%% host, "
+                     "MFU %s", log_prefix, i + 1, steps, last, speed["seconds_per_step"],
+                     " (with compiles)" if i == 0 else "", speed["tokens_per_second"],
+                     100 * speed["padding_fraction"], 100 * speed["host_fraction"],
+                     f"{speed['mfu']:.1%}" if np.isfinite(speed["mfu"]) else "n/a (CPU)")
+            since, steps_since, real, padded, host_s, model_flops = time.perf_counter(), 0, 0, 0, 0.0, 0.0
     return params, {f"{log_prefix}/first_nll": first, f"{log_prefix}/last_nll": last,
-                    f"{log_prefix}/examples": float(len(samples))}
+                    f"{log_prefix}/examples": float(len(samples)),
+                    **{f"{log_prefix}/{k}": v for k, v in speed.items() if np.isfinite(v)}}     # no MFU on CPU
 
 
 # ---------------------------------------------------------------------------------------------------- launch

@@ -1,0 +1,47 @@
+"""benchmarks/warm_start_demo_summary.py judges issue 9's criterion from trajectory files (written here by hand in
+the trajectory format the trainer logs), so the device run's verdict does not hinge on a typo."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _write_run(workdir, correct_per_step, turns=4, trajectories=5):
+    """Per step, the fraction of correct kernels (the first `k` kernels of the step are correct, score 1.3; the rest
+    wrong, score 0)."""
+    (workdir / "trajectories").mkdir(parents=True)
+    for step, fraction in enumerate(correct_per_step, start=1):
+        n, lines = turns * trajectories, []
+        k = round(fraction * n)
+        for j in range(trajectories):
+            traj = []
+            for t in range(turns):
+                ok = j * turns + t < k
+                traj.append({"turn": t, "score": 1.3 if ok else 0.0, "stop_reason": "eos", "response_tokens": [1, 2],
+                             "response_text": "x", "parsed": {"format_error": None},
+                             "verdict": {"compiled": True, "correct": ok, "hack_flags": [], "speedup": 1.0}})
+            lines.append(json.dumps({"turns": traj}))
+        (workdir / "trajectories" / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
+    _write_run(tmp_path / "rising", [0.5, 0.6, 0.7, 0.8, 0.8])
+    _write_run(tmp_path / "flat", [0.8, 0.75, 0.85, 0.8, 0.8])
+    _write_run(tmp_path / "short", [0.5, 0.9, 0.9])
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "benchmarks/warm_start_demo_summary.py", str(tmp_path / "rising"),
+                           str(tmp_path / "flat"), str(tmp_path / "short"), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    verdicts = json.loads((out / "summary.json").read_text())["criterion"]
+    rising = verdicts["rising"]
+    assert rising["passed"] and rising["correct_fraction"]["step_1"] == 0.5
+    assert abs(rising["correct_fraction"]["last_3_mean"] - 2.3 / 3) < 1e-9          # (0.7 + 0.8 + 0.8) / 3
+    assert abs(rising["score_mean"]["delta"] - 1.3 * (2.3 / 3 - 0.5)) < 1e-9
+    assert rising["first_turn_correct_fraction"]["step_1"] == 0.6                    # 3 of the 5 first turns
+    assert not verdicts["flat"]["passed"] and verdicts["flat"]["judged"]
+    assert not verdicts["short"]["judged"] and not verdicts["short"]["passed"]       # 3 steps: too few to judge
+    assert "| rising | 5 | correct, all kernels | 0.500 | 0.767 | +0.267 | passed |" in proc.stdout
+    assert "not judged" in proc.stdout
