@@ -293,7 +293,7 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
             elapsed = time.perf_counter() - since
             speed = {"seconds_per_step": elapsed / steps_since, "tokens_per_second": real / elapsed,
                      "padding_fraction": 1.0 - real / padded, "host_fraction": host_s / elapsed,
-                     "mfu": logs.mfu(model_flops, elapsed, len(jax.devices()), peak)}
+                     "mfu": logs.mfu(model_flops, elapsed, mesh.devices.size, peak)}
             log.info("%s step %d/%d: answer NLL %.4f, %.2f s/step%s, %.0f tokens/s, %.0f%% padding, %.0f%% host, "
                      "MFU %s", log_prefix, i + 1, steps, last, speed["seconds_per_step"],
                      " (with compiles)" if i == 0 else "", speed["tokens_per_second"],
