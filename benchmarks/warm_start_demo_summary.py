@@ -27,22 +27,24 @@ def load_turns(path: Path) -> list[dict]:
     return turns
 
 
+def is_correct(turn: dict) -> bool:
+    v = turn.get("verdict") or {}
+    return v.get("correct") is True and not v.get("hack_flags") and turn["parsed"].get("format_error") is None
+
+
 def step_stats(path: Path) -> dict:
     turns = load_turns(path)
     verdicts = [t.get("verdict") or {} for t in turns]
-    correct = [v for v, t in zip(verdicts, turns)
-               if v.get("correct") is True and not v.get("hack_flags") and t["parsed"].get("format_error") is None]
+    correct = [t.get("verdict") for t in turns if is_correct(t)]
     fast = [v for v in correct if (v.get("speedup") or 0.0) > 1.0]
     n = max(1, len(turns))
     # why answers never reached the compiler: a run with no compiled kernel is diagnosed from these (docs/LOG.md)
     format_errors = Counter((t["parsed"].get("format_error") or "")[:80] for t in turns
                             if t["parsed"].get("format_error") is not None)
-    first = [(v, t) for v, t in zip(verdicts, turns) if t.get("turn") == 0]
+    first = [t for t in turns if t.get("turn") == 0]
     return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
             "correct_fraction": len(correct) / n,
-            "first_turn_correct_fraction": sum(v.get("correct") is True and not v.get("hack_flags")
-                                               and t["parsed"].get("format_error") is None
-                                               for v, t in first) / max(1, len(first)),
+            "first_turn_correct_fraction": sum(map(is_correct, first)) / max(1, len(first)),
             "compiled_fraction": sum(v.get("compiled") is True for v in verdicts) / n,
             "fast_share_of_correct": len(fast) / len(correct) if correct else None,
             "format_ok_fraction": 1.0 - sum(format_errors.values()) / n,
@@ -113,11 +115,11 @@ def main() -> None:
         for s in (steps[0], steps[-1]) if len(steps) > 1 else steps:
             print(f"| {name} | {s['step']} | {s['format_ok_fraction']:.3f} | {s['response_tokens_mean']:.0f} | "
                   f"{s['stop_reasons']} | {s['format_errors']} |")
-    verdicts = {name: criterion(steps) for name, steps in runs.items()}
+    criteria = {name: criterion(steps) for name, steps in runs.items()}
     print(f"\n| run | steps | metric | step 1 | mean of last {CRITERION_LAST_STEPS} | change | "
           f"criterion (both all-kernel changes >= {CRITERION_MARGIN}) |")
     print("|---|---|---|---|---|---|---|")
-    for name, v in verdicts.items():
+    for name, v in criteria.items():
         verdict = (("passed" if v["passed"] else "failed") if v["judged"]
                    else f"not judged (<= {CRITERION_LAST_STEPS} steps)")
         for key, label in (("correct_fraction", "correct, all kernels"), ("score_mean", "mean score, all kernels"),
@@ -126,7 +128,7 @@ def main() -> None:
             tail = m[f"last_{CRITERION_LAST_STEPS}_mean"]
             print(f"| {name} | {v['steps']} | {label} | {m['step_1']:.3f} | {tail:.3f} | {m['delta']:+.3f} | "
                   f"{verdict if key == 'correct_fraction' else ''} |")
-    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": verdicts}, indent=1) + "\n")
+    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria}, indent=1) + "\n")
     for w in args.workdirs:
         write_samples(w, args.out)
     try:

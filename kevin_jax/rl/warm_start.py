@@ -115,6 +115,7 @@ def examples(config: WarmStartConfig, train_tasks: Sequence[Task], renderer: Pro
 
 def warm_start(graphdef, params, config: WarmStartConfig, samples: Sequence[rl_batch.Sample], mesh,
                rl: RLConfig, seed: int) -> tuple[Any, dict]:
-    """Adam on the mean answer NLL (kevin_jax.sft.fine_tune); scalars warm_start/{first,last}_nll, examples and the speed report."""
+    """Adam on the mean answer NLL (kevin_jax.sft.fine_tune); scalars warm_start/{first,last}_nll, examples and
+    the speed report."""
     return sft.fine_tune(graphdef, params, samples, mesh, rl, steps=config.steps, learning_rate=config.learning_rate,
                          batch_size=config.batch_size, seed=seed, log_prefix="warm_start")

@@ -4,8 +4,9 @@
 #    candidate (test_worker_gpu.py: the second candidate of a task must still use the cache on an idle GPU), the hack
 #    corpus, and throughput with the check in place (eval_throughput; `timing_contended` should be 0 on an idle GPU).
 # 2. Issue 9: only the two multi-turn seeds (single-turn was shown twice), two GPUs each: JAX on the first, cuda_eval
-#    on both, never tried before on more than one GPU: a run that fails resumes with evaluation on one GPU (a GPU evaluates one candidate at a time, ~1 s each, so session 8's rounds of 30 kernels took 25-29 s on
-#    one GPU), 30 compile workers each.
+#    on both (a GPU evaluates one candidate at a time, ~1 s each, so session 8's rounds of 30 kernels took 25-29 s on
+#    one GPU), 30 compile workers each. Evaluation on two GPUs was never tried in a run before: a run that fails
+#    resumes with evaluation on one GPU.
 # The first call runs `source benchmarks/device/setup.sh` and exports KEVIN_SKIP_BUILD=1 before `plan`.
 bash benchmarks/device/gpus.sh start gpu_tests 1 'timeout 560 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/cuda_eval/test_worker_gpu.py tests/cuda_eval/test_gpu_pool_locks.py tests/cuda_eval/test_hack_corpus.py'
 bash benchmarks/device/gpus.sh start sandbox_tests 2 'timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/cuda_eval/test_sandbox.py'
