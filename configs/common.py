@@ -10,6 +10,7 @@ Ablation switches are plain overrides, e.g.:
   --config.reward.gamma=0.8    --config.reward.aggregation=max         return discount / sum vs max of later scores
   --config.env.num_trajectories=8                                      parallel trajectories per task
   --config.reward.correct_weight=0.0 --config.reward.speedup_transform=log      score weights
+  --config.reward.baseline=turn_mean                                   advantage baseline per turn (rl/scores.py)
   --config.rl.aggregation=token_mean                                   loss aggregation (or sequence_mean)
   --config.rl.kl_coef=0.01                                             KL to the starting policy
 """

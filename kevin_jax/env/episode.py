@@ -156,7 +156,7 @@ def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
             returns.append(r)
             groups.append(traj.task_id)
             turns.append(t)
-    for t, a in zip(turns, group_advantages(returns, groups, config)):
+    for t, a in zip(turns, group_advantages(returns, groups, config, [t.turn for t in turns])):
         t.advantage = float(a)
 
 

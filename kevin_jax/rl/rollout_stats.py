@@ -56,6 +56,8 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         out[f"turn{i}/format_ok_rate"] = _mean(t.parsed.get("format_error") is None for t in at)
         out[f"turn{i}/mean_speedup"] = _mean(speedups)
         out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
+        # A turn whose samples are pushed down on average at every step (reward.baseline, kevin_jax.rl.scores).
+        out[f"turn{i}/advantage_mean"] = _mean(t.advantage for t in at)
         out[f"turn{i}/samples"] = float(len(at))
     best = [max((t.score for t in traj.turns), default=0.0) for traj in trajectories]
     out["best_of_trajectory/score_mean"] = _mean(best)

@@ -5,8 +5,12 @@
 - Return of turn t of a trajectory: R_t = sum_{i>=t} gamma^(i-t) S_i ("sum", gamma = 0.4 in Kevin) or
   R_t = max_{i>=t} gamma^(i-t) S_i ("max"); "single_turn" makes every turn its own sample (R_t = S_t).
 - Advantages: per task, over all turn-samples of all its trajectories (16 x 4 = 64 in Kevin): (R - baseline) / std,
-  baseline = the group mean, or for each sample the mean of the others ("leave_one_out"); `normalize_std=False`
-  drops the std division (Dr. GRPO).
+  baseline = the group mean, or for each sample the mean of the others ("leave_one_out"), or the mean of the task's
+  samples at the same turn ("turn_mean"); std is always the task's; `normalize_std=False` drops the std division
+  (Dr. GRPO). Why "turn_mean": with one baseline for all turns, an early turn's return sums more discounted scores
+  than a late one's, so every last-turn sample gets a negative advantage on average (docs/LOG.md, session 10: about
+  -0.3 to -0.6 std at every step of the demo runs, while last-turn kernels got worse). A per-turn baseline removes
+  that offset and keeps the std (the step size) of the whole task.
 Pure numpy on plain data: verdicts are `EvalResult.to_dict()` dicts (or anything with the same attributes), so saved
 trajectories can be re-scored without the evaluator.
 """
@@ -20,7 +24,7 @@ import numpy as np
 
 SPEEDUP_TRANSFORMS = ("identity", "log", "clip")
 AGGREGATIONS = ("sum", "max", "single_turn")
-BASELINES = ("mean", "leave_one_out")
+BASELINES = ("mean", "leave_one_out", "turn_mean")
 
 
 @dataclasses.dataclass
@@ -34,7 +38,8 @@ class RewardConfig:
     gamma: discount of later turns in the return (Kevin: 0.4).
     aggregation: "sum" (Kevin) or "max" over discounted later scores, or "single_turn" (R_t = S_t).
     normalize_std: divide advantages by the per-task std of returns (Kevin: yes; Dr. GRPO: no).
-    baseline: "mean" of the task's returns, or "leave_one_out" (the mean of the other samples).
+    baseline: "mean" of the task's returns (Kevin), "leave_one_out" (the mean of the other samples), or "turn_mean"
+      (the mean of the task's samples at the same turn; see the module docstring).
     std_eps: added to the std before dividing.
     """
     correct_weight: float = 0.3
@@ -107,14 +112,24 @@ def discounted_returns(scores: Sequence[float], config: RewardConfig) -> np.ndar
     return returns
 
 
-def normalized_advantages(returns: Sequence[float], config: RewardConfig) -> np.ndarray:
-    """Advantages of one group (all turn-samples of one task)."""
+def normalized_advantages(returns: Sequence[float], config: RewardConfig,
+                          turns: Sequence[int] | None = None) -> np.ndarray:
+    """Advantages of one group (all turn-samples of one task); `turns` (each sample's turn index) is needed by the
+    "turn_mean" baseline only."""
     r = np.asarray(returns, dtype=np.float64)
     n = len(r)
     if n == 0:
         return r.copy()
     if config.baseline == "leave_one_out":
         baseline = (r.sum() - r) / (n - 1) if n > 1 else r  # one sample: nothing to compare with, advantage 0
+    elif config.baseline == "turn_mean":
+        if turns is None or len(turns) != n:
+            raise ValueError(f"reward.baseline='turn_mean' needs the turn index of each of the {n} samples, got "
+                             f"{None if turns is None else len(turns)}")
+        t = np.asarray(turns)
+        baseline = np.empty(n)
+        for turn in np.unique(t):
+            baseline[t == turn] = r[t == turn].mean()
     else:
         baseline = np.full(n, r.mean())
     adv = r - baseline
@@ -123,15 +138,19 @@ def normalized_advantages(returns: Sequence[float], config: RewardConfig) -> np.
     return adv
 
 
-def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], config: RewardConfig) -> np.ndarray:
-    """Advantages of a flat batch of turn-samples, normalised within each group (task id)."""
+def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], config: RewardConfig,
+                     turns: Sequence[int] | None = None) -> np.ndarray:
+    """Advantages of a flat batch of turn-samples, normalised within each group (task id); `turns` as in
+    normalized_advantages."""
     r = np.asarray(returns, dtype=np.float64)
     if len(r) != len(groups):
         raise ValueError(f"{len(r)} returns but {len(groups)} group labels")
+    if turns is not None and len(turns) != len(r):
+        raise ValueError(f"{len(r)} returns but {len(turns)} turn indices")
     out = np.empty_like(r)
     index: dict[Hashable, list[int]] = {}
     for i, g in enumerate(groups):
         index.setdefault(g, []).append(i)
     for idx in index.values():
-        out[idx] = normalized_advantages(r[idx], config)
+        out[idx] = normalized_advantages(r[idx], config, None if turns is None else [turns[i] for i in idx])
     return out

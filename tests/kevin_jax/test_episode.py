@@ -203,6 +203,15 @@ def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
     assert [t.return_ for t in heavier[0].turns] == pytest.approx([0.0, 1.8, 2.5])
     assert loaded[0].turns[1].score == pytest.approx(1.1)  # rescore copies
 
+    # The per-turn baseline reaches the rollout: each task's advantages at each turn sum to zero.
+    per_turn = rescore(loaded, RewardConfig(baseline="turn_mean"))
+    sums = {}
+    for traj in per_turn:
+        for t in traj.turns:
+            sums[traj.task_id, t.turn] = sums.get((traj.task_id, t.turn), 0.0) + t.advantage
+    assert len(sums) > 1 and all(abs(v) < 1e-9 for v in sums.values())
+    assert any(abs(a.advantage - b.advantage) > 1e-6 for x, y in zip(same, per_turn) for a, b in zip(x.turns, y.turns))
+
     all_fast = EvaluatorFake(lambda r: {"correct": True, "speedup": 2.0, "feedback": "Correct."})
     again = reevaluate(loaded, all_fast, TASKS.by_id(), RewardConfig())
     assert len(all_fast.batches) == 1 and len(all_fast.batches[0]) == 24
@@ -278,3 +287,27 @@ def test_rollout_scalars_count_contended_timings_among_timed_kernels():
              Trajectory("t", 1, 0, 0, [turn(0, 0.8), turn(1, 0.9), turn(2, None, contended=True)])]
     assert rollout_scalars(trajs, 3)["timing_contended_rate"] == pytest.approx(1 / 3)
     assert "timing_contended_rate" not in rollout_scalars([Trajectory("t", 0, 0, 0, [turn(0, None)])], 1)
+
+
+def test_rollout_scalars_report_each_turns_mean_advantage():
+    """rollout/turn{i}/advantage_mean shows a turn pushed down on average (reward.baseline="mean": the last turn)."""
+    from kevin_jax.env.episode import Turn, assign_returns
+    from kevin_jax.rl.rollout_stats import rollout_scalars
+
+    def turn(i, correct):
+        verdict = {"compiled": True, "correct": correct, "speedup": 1.0 if correct else None, "hack_flags": []}
+        return Turn(i, [1], [2], [0.0], "eos", "Okay", {"format_error": None}, verdict)
+
+    def trajs():
+        return [Trajectory("t", 0, 0, 0, [turn(0, True), turn(1, True)]),
+                Trajectory("t", 1, 0, 0, [turn(0, True), turn(1, False)])]
+
+    kevin = trajs()
+    assign_returns(kevin, RewardConfig())
+    out = rollout_scalars(kevin, 2)
+    assert out["turn1/advantage_mean"] < 0 < out["turn0/advantage_mean"]
+    per_turn = trajs()
+    assign_returns(per_turn, RewardConfig(baseline="turn_mean"))
+    out = rollout_scalars(per_turn, 2)
+    assert out["turn0/advantage_mean"] == pytest.approx(0.0) and out["turn1/advantage_mean"] == pytest.approx(0.0)
+

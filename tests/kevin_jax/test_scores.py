@@ -101,6 +101,35 @@ def test_group_advantages_normalise_each_task_separately():
         group_advantages([1.0], ["a", "b"], RewardConfig())
 
 
+def test_turn_mean_baseline_removes_the_per_turn_offset_and_keeps_the_task_std():
+    # Two trajectories of 3 turns, every kernel scoring 1.0 in one and 0.0 in the other: returns (gamma 0.4)
+    # 1.56, 1.4, 1.0 and 0, 0, 0. One baseline for all turns pushes the good last turn (1.0) below the task mean
+    # (0.66) far less than its first turn; per turn, each good turn is +half its turn's gap, each bad one -half.
+    config = RewardConfig(std_eps=0.0)
+    scores = [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    returns = np.concatenate([discounted_returns(s, config) for s in scores])
+    turns = [0, 1, 2, 0, 1, 2]
+    std = returns.std()
+    adv = group_advantages(returns, ["t"] * 6, RewardConfig(std_eps=0.0, baseline="turn_mean"), turns)
+    np.testing.assert_allclose(adv, [0.78 / std, 0.7 / std, 0.5 / std, -0.78 / std, -0.7 / std, -0.5 / std],
+                               atol=1e-12)
+    # The offset it removes: with one baseline, the mean advantage per turn decreases with the turn index.
+    kevin = group_advantages(returns, ["t"] * 6, config)
+    per_turn = [kevin[[i, i + 3]].mean() for i in range(3)]
+    assert per_turn[0] > per_turn[1] > per_turn[2] and per_turn[2] < 0
+    # Groups stay separate; within a group, samples of a turn are compared with that turn only.
+    adv = group_advantages([2.0, 0.0, 5.0, 5.0], ["a", "a", "b", "b"],
+                           RewardConfig(normalize_std=False, baseline="turn_mean"), [0, 1, 0, 0])
+    np.testing.assert_allclose(adv, [0.0, 0.0, 0.0, 0.0])
+
+
+def test_turn_mean_baseline_needs_the_turns():
+    with pytest.raises(ValueError, match="turn index"):
+        normalized_advantages([1.0, 2.0], RewardConfig(baseline="turn_mean"))
+    with pytest.raises(ValueError, match="turn indices"):
+        group_advantages([1.0, 2.0], ["a", "a"], RewardConfig(baseline="turn_mean"), [0])
+
+
 @pytest.mark.parametrize("field,value", [("speedup_transform", "sqrt"), ("aggregation", "mean"), ("baseline", "median"),
                                          ("gamma", 1.5), ("speedup_clip", 0.0)])
 def test_bad_config_is_an_error(field, value):
