@@ -2,7 +2,9 @@
 (speedup > 1), kernels evaluated, format-ok share, stop reasons and the commonest format errors; a table, a JSON
 file, PNG curves and samples_<run>.txt (the first responses of the first and last step). Then issue 9's criterion,
 fixed before session 10's runs (docs/LOG.md, session 9): per run, all-kernel correct fraction and mean score, mean
-of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside.
+of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside. Last, per turn
+index, correct fraction, format-ok share and mean advantage at step 1 and over the last 3 steps: a turn that gets
+worse while another gets better, and a turn whose samples are pushed down on average (docs/LOG.md, session 10).
 
     python benchmarks/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
@@ -42,6 +44,12 @@ def step_stats(path: Path) -> dict:
     format_errors = Counter((t["parsed"].get("format_error") or "")[:80] for t in turns
                             if t["parsed"].get("format_error") is not None)
     first = [t for t in turns if t.get("turn") == 0]
+    per_turn = {}
+    for i in sorted({t.get("turn") for t in turns}):
+        at = [t for t in turns if t.get("turn") == i]
+        per_turn[str(i)] = {"correct_fraction": sum(map(is_correct, at)) / len(at),
+                            "format_ok_fraction": sum(t["parsed"].get("format_error") is None for t in at) / len(at),
+                            "advantage_mean": sum(t.get("advantage", 0.0) for t in at) / len(at)}
     return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
             "correct_fraction": len(correct) / n,
             "first_turn_correct_fraction": sum(map(is_correct, first)) / max(1, len(first)),
@@ -50,7 +58,8 @@ def step_stats(path: Path) -> dict:
             "format_ok_fraction": 1.0 - sum(format_errors.values()) / n,
             "format_errors": dict(format_errors.most_common(5)),
             "stop_reasons": dict(Counter(t.get("stop_reason") for t in turns)),
-            "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n}
+            "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n,
+            "per_turn": per_turn}
 
 
 CRITERION_LAST_STEPS = 3
@@ -66,6 +75,16 @@ def criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS, margin: float
         start, tail = steps[0][key], [s[key] for s in steps[-last:]]
         out[key] = {"step_1": start, f"last_{last}_mean": sum(tail) / len(tail), "delta": sum(tail) / len(tail) - start}
     out["passed"] = out["judged"] and all(out[k]["delta"] >= margin for k in ("correct_fraction", "score_mean"))
+    return out
+
+
+def per_turn_change(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
+    """{turn: {metric: (step 1, mean of the last `last` steps)}} over the turns present at step 1."""
+    tail = steps[-last:]
+    out = {}
+    for turn, first in steps[0]["per_turn"].items():
+        rows = [s["per_turn"][turn] for s in tail if turn in s["per_turn"]]
+        out[turn] = {k: (v, sum(r[k] for r in rows) / len(rows) if rows else None) for k, v in first.items()}
     return out
 
 
@@ -128,7 +147,16 @@ def main() -> None:
             tail = m[f"last_{CRITERION_LAST_STEPS}_mean"]
             print(f"| {name} | {v['steps']} | {label} | {m['step_1']:.3f} | {tail:.3f} | {m['delta']:+.3f} | "
                   f"{verdict if key == 'correct_fraction' else ''} |")
-    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria}, indent=1) + "\n")
+    turns = {name: per_turn_change(steps) for name, steps in runs.items()}
+    print(f"\n| run | turn | correct: step 1 -> last {CRITERION_LAST_STEPS} | format ok | mean advantage |")
+    print("|---|---|---|---|---|")
+    for name, per in turns.items():
+        for turn, m in per.items():
+            cells = " | ".join("-" if b is None else f"{a:.2f} -> {b:.2f}" for a, b in
+                               (m[k] for k in ("correct_fraction", "format_ok_fraction", "advantage_mean")))
+            print(f"| {name} | {turn} | {cells} |")
+    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria, "per_turn": turns},
+                                                      indent=1) + "\n")
     for w in args.workdirs:
         write_samples(w, args.out)
     try:

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -19,7 +21,8 @@ def _write_run(workdir, correct_per_step, turns=4, trajectories=5):
             traj = []
             for t in range(turns):
                 ok = j * turns + t < k
-                traj.append({"turn": t, "score": 1.3 if ok else 0.0, "stop_reason": "eos", "response_tokens": [1, 2],
+                traj.append({"turn": t, "score": 1.3 if ok else 0.0, "advantage": 0.5 - t * 0.25,
+                             "stop_reason": "eos", "response_tokens": [1, 2],
                              "response_text": "x", "parsed": {"format_error": None},
                              "verdict": {"compiled": True, "correct": ok, "hack_flags": [], "speedup": 1.0}})
             lines.append(json.dumps({"turns": traj}))
@@ -45,3 +48,10 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
     assert not verdicts["short"]["judged"] and not verdicts["short"]["passed"]       # 3 steps: too few to judge
     assert "| rising | 5 | correct, all kernels | 0.500 | 0.767 | +0.267 | passed |" in proc.stdout
     assert "not judged" in proc.stdout
+    # Per turn: the rising run's step 1 has 10 of 20 kernels correct (trajectories 0-1 whole, trajectory 2's turns 0
+    # and 1): turn 0 3 of 5, turn 3 2 of 5; its last 3 steps 14, 16, 16 (turn 0: 4 of 5 each; turn 3: 3, 4, 4 of 5).
+    per_turn = json.loads((out / "summary.json").read_text())["per_turn"]["rising"]
+    assert per_turn["0"]["correct_fraction"] == pytest.approx([0.6, 0.8])
+    assert per_turn["3"]["correct_fraction"] == pytest.approx([0.4, 11 / 15])
+    assert per_turn["3"]["advantage_mean"] == pytest.approx([-0.25, -0.25])
+    assert "| rising | 3 | 0.40 -> 0.73 | 1.00 -> 1.00 | -0.25 -> -0.25 |" in proc.stdout
