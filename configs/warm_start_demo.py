@@ -44,7 +44,7 @@ def get_config():
     c = one_gpu.get_config()
     c.model.shape = "small_80m"
     c.total_steps = 30                     # runs are cut by time first (session 7: 4-5 multi-, 9-10 single-turn steps)
-    c.warm_start.steps = 220               # later turns 0.87-0.97 correct at RL step 1 (session 9); 40-63% at 180 (8, 10)
+    c.warm_start.steps = 220               # later turns 0.87-0.97 correct at RL step 1 (session 9); 40-63% at 180
     c.warm_start.learning_rate = 1e-3
     c.warm_start.corpus = "builtin"
     c.optim.learning_rate = 2e-5            # 5e-5 drifts after ~3 steps (docstring)
