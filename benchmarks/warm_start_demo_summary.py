@@ -43,7 +43,6 @@ def step_stats(path: Path) -> dict:
     # why answers never reached the compiler: a run with no compiled kernel is diagnosed from these (docs/LOG.md)
     format_errors = Counter((t["parsed"].get("format_error") or "")[:80] for t in turns
                             if t["parsed"].get("format_error") is not None)
-    first = [t for t in turns if t.get("turn") == 0]
     per_turn = {}
     for i in sorted({t.get("turn") for t in turns}):
         at = [t for t in turns if t.get("turn") == i]
@@ -52,7 +51,7 @@ def step_stats(path: Path) -> dict:
                             "advantage_mean": sum(t.get("advantage", 0.0) for t in at) / len(at)}
     return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
             "correct_fraction": len(correct) / n,
-            "first_turn_correct_fraction": sum(map(is_correct, first)) / max(1, len(first)),
+            "first_turn_correct_fraction": per_turn.get("0", {}).get("correct_fraction", 0.0),
             "compiled_fraction": sum(v.get("compiled") is True for v in verdicts) / n,
             "fast_share_of_correct": len(fast) / len(correct) if correct else None,
             "format_ok_fraction": 1.0 - sum(format_errors.values()) / n,
