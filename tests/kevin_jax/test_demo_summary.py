@@ -55,3 +55,19 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
     assert per_turn["3"]["correct_fraction"] == pytest.approx([0.4, 11 / 15])
     assert per_turn["3"]["advantage_mean"] == pytest.approx([-0.25, -0.25])
     assert "| rising | 3 | 0.40 -> 0.73 | 1.00 -> 1.00 | -0.25 -> -0.25 |" in proc.stdout
+
+
+def test_turn_advantage_offset_from_tensorboard(tmp_path):
+    """benchmarks/turn_advantage_offset.py: every turn scoring 1.0 on average, gamma 0.4: E[R] = 1.624, 1.56, 1.4,
+    1.0 (mean 1.396), so with return std 0.5 the offsets are +0.456, +0.328, +0.008, -0.792."""
+    from kevin_jax.logs import MetricWriter
+
+    writer = MetricWriter(tmp_path / "run")
+    for step in (1, 2):
+        writer.write(step, {**{f"rollout/turn{t}/mean_score": 1.0 for t in range(4)}, "rollout/return_std": 0.5})
+    writer.close()
+    proc = subprocess.run([sys.executable, "benchmarks/turn_advantage_offset.py", str(tmp_path / "run" / "tensorboard")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| run | 0 | +0.46 +0.46 | +0.46 | +0.46 |" in proc.stdout
+    assert "| run | 3 | -0.79 -0.79 | -0.79 | -0.79 |" in proc.stdout
