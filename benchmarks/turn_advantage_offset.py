@@ -42,7 +42,8 @@ def main() -> None:
     for d in args.logdirs:
         offsets = turn_offsets(read_scalars(d), args.gamma)
         for t, row in enumerate(offsets):
-            print(f"| {run_name(d)} | {t} | {' '.join(f'{x:+.2f}' for x in row)} | {row.min():+.2f} | {row.max():+.2f} |")
+            per_step = " ".join(f"{x:+.2f}" for x in row)
+            print(f"| {run_name(d)} | {t} | {per_step} | {row.min():+.2f} | {row.max():+.2f} |")
 
 
 if __name__ == "__main__":

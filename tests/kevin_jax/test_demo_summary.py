@@ -66,7 +66,8 @@ def test_turn_advantage_offset_from_tensorboard(tmp_path):
     for step in (1, 2):
         writer.write(step, {**{f"rollout/turn{t}/mean_score": 1.0 for t in range(4)}, "rollout/return_std": 0.5})
     writer.close()
-    proc = subprocess.run([sys.executable, "benchmarks/turn_advantage_offset.py", str(tmp_path / "run" / "tensorboard")],
+    proc = subprocess.run([sys.executable, "benchmarks/turn_advantage_offset.py",
+                           str(tmp_path / "run" / "tensorboard")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| run | 0 | +0.46 +0.46 | +0.46 | +0.46 |" in proc.stdout
