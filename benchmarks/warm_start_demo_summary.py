@@ -3,8 +3,10 @@
 file, PNG curves and samples_<run>.txt (the first responses of the first and last step). Then issue 9's criterion,
 fixed before session 10's runs (docs/LOG.md, session 9): per run, all-kernel correct fraction and mean score, mean
 of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside. Last, per turn
-index, correct fraction, format-ok share and mean advantage at step 1 and over the last 3 steps: a turn that gets
-worse while another gets better, and a turn whose samples are pushed down on average (docs/LOG.md, session 10).
+index, correct fraction, format-ok share, mean advantage, the sampled tokens' mean NLL and the share of responses
+with a token drawn from the tail, at step 1 and over the last 3 steps: a turn that gets worse while another gets
+better, a turn whose samples are pushed down on average (docs/LOG.md, session 10), and a turn that un-sharpens
+(session 11).
 
     python benchmarks/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
@@ -16,8 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
+from kevin_jax.rl.rollout_stats import TAIL_PROB, drew_tail_token, sampled_nll  # noqa: E402
 
 
 def load_turns(path: Path) -> list[dict]:
@@ -48,7 +54,10 @@ def step_stats(path: Path) -> dict:
         at = [t for t in turns if t.get("turn") == i]
         per_turn[str(i)] = {"correct_fraction": sum(map(is_correct, at)) / len(at),
                             "format_ok_fraction": sum(t["parsed"].get("format_error") is None for t in at) / len(at),
-                            "advantage_mean": sum(t.get("advantage", 0.0) for t in at) / len(at)}
+                            "advantage_mean": sum(t.get("advantage", 0.0) for t in at) / len(at),
+                            "sampled_nll": sum(sampled_nll(t["response_logprobs"]) for t in at) / len(at),
+                            "tail_token_fraction": sum(map(drew_tail_token, (t["response_logprobs"] for t in at)))
+                            / len(at)}
     return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
             "correct_fraction": len(correct) / n,
             "first_turn_correct_fraction": per_turn.get("0", {}).get("correct_fraction", 0.0),
@@ -147,12 +156,15 @@ def main() -> None:
             print(f"| {name} | {v['steps']} | {label} | {m['step_1']:.3f} | {tail:.3f} | {m['delta']:+.3f} | "
                   f"{verdict if key == 'correct_fraction' else ''} |")
     turns = {name: per_turn_change(steps) for name, steps in runs.items()}
-    print(f"\n| run | turn | correct: step 1 -> last {CRITERION_LAST_STEPS} | format ok | mean advantage |")
-    print("|---|---|---|---|---|")
+    columns = (("correct_fraction", ".2f"), ("format_ok_fraction", ".2f"), ("advantage_mean", ".2f"),
+               ("sampled_nll", ".4f"), ("tail_token_fraction", ".2f"))
+    print(f"\n| run | turn | correct: step 1 -> last {CRITERION_LAST_STEPS} | format ok | mean advantage | "
+          f"sampled NLL per token | share with a token drawn at p < {TAIL_PROB} |")
+    print("|---|---|---|---|---|---|---|")
     for name, per in turns.items():
         for turn, m in per.items():
-            cells = " | ".join("-" if b is None else f"{a:.2f} -> {b:.2f}" for a, b in
-                               (m[k] for k in ("correct_fraction", "format_ok_fraction", "advantage_mean")))
+            cells = " | ".join("-" if b is None else f"{a:{f}} -> {b:{f}}" for (a, b), f in
+                               ((m[k], f) for k, f in columns))
             print(f"| {name} | {turn} | {cells} |")
     (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria, "per_turn": turns},
                                                       indent=1) + "\n")

@@ -35,6 +35,20 @@ def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfi
                    score_of=lambda t: compiled_score if _compiled(t) and not t.verdict.get("hack_flags") else 0.0)
 
 
+# A token the sampler drew with probability below this is a "tail" token: with a memorised policy (per-token NLL
+# ~0.01) one such draw is how a long copy of an earlier kernel derails (docs/LOG.md, session 11).
+TAIL_PROB = 0.05
+
+
+def sampled_nll(logprobs: Sequence[float]) -> float:
+    """Mean negative log-prob per sampled token (at the sampling temperature): how sharp the policy is where it went."""
+    return -float(np.mean(logprobs)) if len(logprobs) else 0.0
+
+
+def drew_tail_token(logprobs: Sequence[float]) -> bool:
+    return bool(len(logprobs)) and float(np.min(logprobs)) < math.log(TAIL_PROB)
+
+
 def thought_of(turn) -> str:
     thought = turn.parsed.get("thought")
     return turn.response_text if thought is None else thought
@@ -58,6 +72,9 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
         # A turn whose samples are pushed down on average at every step (reward.baseline, kevin_jax.rl.scores).
         out[f"turn{i}/advantage_mean"] = _mean(t.advantage for t in at)
+        # A turn that un-sharpens during RL: session 11's failed seed, later turns only (docs/LOG.md).
+        out[f"turn{i}/sampled_nll"] = _mean(sampled_nll(t.response_logprobs) for t in at)
+        out[f"turn{i}/tail_token_rate"] = _mean(drew_tail_token(t.response_logprobs) for t in at)
         out[f"turn{i}/samples"] = float(len(at))
     best = [max((t.score for t in traj.turns), default=0.0) for traj in trajectories]
     out["best_of_trajectory/score_mean"] = _mean(best)

@@ -23,6 +23,7 @@ def _write_run(workdir, correct_per_step, turns=4, trajectories=5):
                 ok = j * turns + t < k
                 traj.append({"turn": t, "score": 1.3 if ok else 0.0, "advantage": 0.5 - t * 0.25,
                              "stop_reason": "eos", "response_tokens": [1, 2],
+                             "response_logprobs": [-0.01 * (t + 1) * step, -0.01 if t < 3 else -4.0],
                              "response_text": "x", "parsed": {"format_error": None},
                              "verdict": {"compiled": True, "correct": ok, "hack_flags": [], "speedup": 1.0}})
             lines.append(json.dumps({"turns": traj}))
@@ -55,6 +56,11 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
     assert per_turn["3"]["correct_fraction"] == pytest.approx([0.4, 11 / 15])
     assert per_turn["3"]["advantage_mean"] == pytest.approx([-0.25, -0.25])
     assert "| rising | 3 | 0.40 -> 0.73 | 1.00 -> 1.00 | -0.25 -> -0.25 |" in proc.stdout
+    # Sharpness: turn t's tokens drawn at log-probs -0.01 (t + 1) step and -0.01 (turn 3: -4.0, a tail draw).
+    assert per_turn["0"]["sampled_nll"] == pytest.approx([0.01, ((0.03 + 0.01) + (0.04 + 0.01) + (0.05 + 0.01)) / 6])
+    assert per_turn["3"]["tail_token_fraction"] == pytest.approx([1.0, 1.0])
+    assert per_turn["1"]["tail_token_fraction"] == pytest.approx([0.0, 0.0])
+    assert "| 0.0100 -> 0.0250 | 0.00 -> 0.00 |" in proc.stdout
 
 
 def test_turn_advantage_offset_from_tensorboard(tmp_path):

@@ -311,3 +311,25 @@ def test_rollout_scalars_report_each_turns_mean_advantage():
     out = rollout_scalars(per_turn, 2)
     assert out["turn0/advantage_mean"] == pytest.approx(0.0) and out["turn1/advantage_mean"] == pytest.approx(0.0)
 
+
+
+def test_rollout_scalars_report_each_turns_sharpness():
+    """rollout/turn{i}/sampled_nll and tail_token_rate show a turn whose samples un-sharpen (session 11's failed seed:
+    later turns drew more tokens from the tail and derailed more often)."""
+    import math
+
+    from kevin_jax.env.episode import Turn
+    from kevin_jax.rl.rollout_stats import TAIL_PROB, rollout_scalars
+
+    def turn(i, logprobs):
+        verdict = {"compiled": True, "correct": True, "speedup": 1.0, "hack_flags": []}
+        return Turn(i, [1], [2] * len(logprobs), logprobs, "eos", "Okay", {"format_error": None}, verdict)
+
+    tail = math.log(TAIL_PROB) - 0.01
+    trajs = [Trajectory("t", 0, 0, 0, [turn(0, [0.0, -0.2]), turn(1, [0.0, 0.0, tail])]),
+             Trajectory("t", 1, 0, 0, [turn(0, [-0.1, -0.1]), turn(1, [-0.5, -0.5, -0.5])])]
+    out = rollout_scalars(trajs, 2)
+    assert out["turn0/sampled_nll"] == pytest.approx(0.1)                 # both samples: 0.1 per token
+    assert out["turn1/sampled_nll"] == pytest.approx((-tail / 3 + 0.5) / 2)
+    assert out["turn0/tail_token_rate"] == 0.0                            # p = e^-0.2 is no tail draw
+    assert out["turn1/tail_token_rate"] == 0.5                            # one of two drew below TAIL_PROB
