@@ -2,6 +2,7 @@
 fake."""
 import json
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -312,12 +313,9 @@ def test_rollout_scalars_report_each_turns_mean_advantage():
     assert out["turn0/advantage_mean"] == pytest.approx(0.0) and out["turn1/advantage_mean"] == pytest.approx(0.0)
 
 
-
 def test_rollout_scalars_report_each_turns_sharpness():
     """rollout/turn{i}/sampled_nll and tail_token_rate show a turn whose samples un-sharpen (session 11's failed seed:
     later turns drew more tokens from the tail and derailed more often)."""
-    import math
-
     from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import TAIL_PROB, rollout_scalars
 
