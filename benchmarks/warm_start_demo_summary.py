@@ -2,7 +2,8 @@
 (speedup > 1), kernels evaluated, format-ok share, stop reasons and the commonest format errors; a table, a JSON
 file, PNG curves and samples_<run>.txt (the first responses of the first and last step). Then issue 9's criterion,
 fixed before session 10's runs (docs/LOG.md, session 9): per run, all-kernel correct fraction and mean score, mean
-of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside. Last, per turn
+of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside; and how noisy
+that test is (the correct fraction's slope and scatter around its trend, session 11). Last, per turn
 index, correct fraction, format-ok share, mean advantage, the sampled tokens' mean NLL and the share of responses
 with a token drawn from the tail, at step 1 and over the last 3 steps: a turn that gets worse while another gets
 better, a turn whose samples are pushed down on average (docs/LOG.md, session 10), and a turn that un-sharpens
@@ -21,6 +22,8 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
 from kevin_jax.rl.rollout_stats import TAIL_PROB, drew_tail_token, sampled_nll  # noqa: E402
@@ -84,6 +87,19 @@ def criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS, margin: float
         out[key] = {"step_1": start, f"last_{last}_mean": sum(tail) / len(tail), "delta": sum(tail) / len(tail) - start}
     out["passed"] = out["judged"] and all(out[k]["delta"] >= margin for k in ("correct_fraction", "score_mean"))
     return out
+
+
+def trend_noise(values: list[float], last: int = CRITERION_LAST_STEPS) -> dict:
+    """How much one step's value scatters around the run's straight-line trend (least squares; residual SD with 2
+    degrees of freedom spent), the slope per step, and the standard error that scatter puts on the criterion's
+    "mean of the last `last` steps minus step 1" (SD * sqrt(1 + 1/last)). Needs more than 2 steps."""
+    y = np.asarray(values, float)
+    if len(y) < 3:
+        return {"slope_per_step": None, "residual_sd": None, "criterion_se": None}
+    x = np.arange(len(y))
+    fit = np.polyfit(x, y, 1)
+    sd = float((y - np.polyval(fit, x)).std(ddof=2))
+    return {"slope_per_step": float(fit[0]), "residual_sd": sd, "criterion_se": sd * (1 + 1 / last) ** 0.5}
 
 
 def per_turn_change(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
@@ -155,6 +171,12 @@ def main() -> None:
             tail = m[f"last_{CRITERION_LAST_STEPS}_mean"]
             print(f"| {name} | {v['steps']} | {label} | {m['step_1']:.3f} | {tail:.3f} | {m['delta']:+.3f} | "
                   f"{verdict if key == 'correct_fraction' else ''} |")
+    noise = {name: trend_noise([s["correct_fraction"] for s in steps]) for name, steps in runs.items()}
+    print("\n| run | all-kernel correct: slope per step | SD around the trend | SE of the criterion's change |")
+    print("|---|---|---|---|")
+    for name, m in noise.items():
+        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:+.4f}" if k == "slope_per_step" else f"{v:.3f}"
+                                          for k, v in m.items()) + " |")
     turns = {name: per_turn_change(steps) for name, steps in runs.items()}
     columns = (("correct_fraction", ".2f"), ("format_ok_fraction", ".2f"), ("advantage_mean", ".2f"),
                ("sampled_nll", ".4f"), ("tail_token_fraction", ".2f"))
@@ -166,8 +188,8 @@ def main() -> None:
             cells = " | ".join("-" if b is None else f"{a:{f}} -> {b:{f}}" for (a, b), f in
                                ((m[k], f) for k, f in columns))
             print(f"| {name} | {turn} | {cells} |")
-    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria, "per_turn": turns},
-                                                      indent=1) + "\n")
+    (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria, "noise": noise,
+                                                       "per_turn": turns}, indent=1) + "\n")
     for w in args.workdirs:
         write_samples(w, args.out)
     try:

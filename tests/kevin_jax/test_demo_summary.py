@@ -62,6 +62,13 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
     assert per_turn["1"]["tail_token_fraction"] == pytest.approx([0.0, 0.0])
     assert "| 0.0100 -> 0.0250 | 0.00 -> 0.00 |" in proc.stdout
 
+    # The criterion's noise: "rising" is 0.5, 0.6, 0.7, 0.8, 0.8: slope 0.08, residuals -0.02 0 0.02 0.04 -0.04.
+    noise = json.loads((out / "summary.json").read_text())["noise"]
+    assert noise["rising"]["slope_per_step"] == pytest.approx(0.08)
+    assert noise["rising"]["residual_sd"] == pytest.approx((0.004 / 3) ** 0.5)
+    assert noise["rising"]["criterion_se"] == pytest.approx((0.004 / 3 * 4 / 3) ** 0.5)
+    assert "| rising | +0.0800 | 0.037 | 0.042 |" in proc.stdout
+
 
 def test_turn_advantage_offset_from_tensorboard(tmp_path):
     """benchmarks/turn_advantage_offset.py: every turn scoring 1.0 on average, gamma 0.4: E[R] = 1.624, 1.56, 1.4,
