@@ -91,15 +91,17 @@ def criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS, margin: float
 
 def trend_noise(values: list[float], last: int = CRITERION_LAST_STEPS) -> dict:
     """How much one step's value scatters around the run's straight-line trend (least squares; residual SD with 2
-    degrees of freedom spent), the slope per step, and the standard error that scatter puts on the criterion's
-    "mean of the last `last` steps minus step 1" (SD * sqrt(1 + 1/last)). Needs more than 2 steps."""
+    degrees of freedom spent), the slope per step with its standard error (SD / sqrt(sum (x - mean x)^2): a test of
+    the rise that uses every step, not only the first and the last three), and the standard error that scatter puts
+    on the criterion's "mean of the last `last` steps minus step 1" (SD * sqrt(1 + 1/last)). Needs more than 2 steps."""
     y = np.asarray(values, float)
     if len(y) < 3:
-        return {"slope_per_step": None, "residual_sd": None, "criterion_se": None}
+        return {"slope_per_step": None, "slope_se": None, "residual_sd": None, "criterion_se": None}
     x = np.arange(len(y))
     fit = np.polyfit(x, y, 1)
     sd = float((y - np.polyval(fit, x)).std(ddof=2))
-    return {"slope_per_step": float(fit[0]), "residual_sd": sd, "criterion_se": sd * (1 + 1 / last) ** 0.5}
+    return {"slope_per_step": float(fit[0]), "slope_se": sd / float(((x - x.mean()) ** 2).sum()) ** 0.5,
+            "residual_sd": sd, "criterion_se": sd * (1 + 1 / last) ** 0.5}
 
 
 def per_turn_change(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
@@ -172,10 +174,11 @@ def main() -> None:
             print(f"| {name} | {v['steps']} | {label} | {m['step_1']:.3f} | {tail:.3f} | {m['delta']:+.3f} | "
                   f"{verdict if key == 'correct_fraction' else ''} |")
     noise = {name: trend_noise([s["correct_fraction"] for s in steps]) for name, steps in runs.items()}
-    print("\n| run | all-kernel correct: slope per step | SD around the trend | SE of the criterion's change |")
-    print("|---|---|---|---|")
+    print("\n| run | all-kernel correct: slope per step | its SE | SD around the trend | SE of the criterion's change |")
+    print("|---|---|---|---|---|")
     for name, m in noise.items():
-        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:+.4f}" if k == "slope_per_step" else f"{v:.3f}"
+        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:+.4f}" if k == "slope_per_step"
+                                          else f"{v:.4f}" if k == "slope_se" else f"{v:.3f}"
                                           for k, v in m.items()) + " |")
     turns = {name: per_turn_change(steps) for name, steps in runs.items()}
     columns = (("correct_fraction", ".2f"), ("format_ok_fraction", ".2f"), ("advantage_mean", ".2f"),

@@ -67,7 +67,8 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
     assert noise["rising"]["slope_per_step"] == pytest.approx(0.08)
     assert noise["rising"]["residual_sd"] == pytest.approx((0.004 / 3) ** 0.5)
     assert noise["rising"]["criterion_se"] == pytest.approx((0.004 / 3 * 4 / 3) ** 0.5)
-    assert "| rising | +0.0800 | 0.037 | 0.042 |" in proc.stdout
+    assert noise["rising"]["slope_se"] == pytest.approx((0.004 / 3 / 10) ** 0.5)  # steps 0..4: sum (x - 2)^2 = 10
+    assert "| rising | +0.0800 | 0.0115 | 0.037 | 0.042 |" in proc.stdout
 
 
 def test_turn_advantage_offset_from_tensorboard(tmp_path):
