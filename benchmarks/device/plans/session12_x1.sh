@@ -1,4 +1,6 @@
-# Next lease(s): one single-GPU lease per seed, as session 11 (nvidia-h100-x1 / nvidia-h200; ~25 min held each).
+# Issue 9's deciding run (ran in session 12, both seeds passed the criterion: docs/LOG.md, "session 12"; README's
+# "Does it learn?" gives it as the command that reproduces the demo). One single-GPU lease per seed, as session 11
+# (nvidia-h100-x1 / nvidia-h200; ~23 min held each).
 # Session 11 (docs/LOG.md): with reward.baseline=turn_mean the per-turn advantage offset is gone, yet seed 0 failed
 # the criterion and seed 1 passed. What told them apart: the failed seed's later turns un-sharpened (sampled NLL per
 # token, turns 1-3: 0.026-0.056 -> 0.056-0.076; responses with a token drawn at p < 0.05: 0.27-0.37 -> 0.40-0.49)
