@@ -176,9 +176,9 @@ def main() -> None:
     noise = {name: trend_noise([s["correct_fraction"] for s in steps]) for name, steps in runs.items()}
     print("\n| run | all-kernel correct: slope per step | its SE | SD around the trend | SE of the criterion's change |")
     print("|---|---|---|---|---|")
+    formats = {"slope_per_step": "+.4f", "slope_se": ".4f"}  # the rest: ".3f"
     for name, m in noise.items():
-        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:+.4f}" if k == "slope_per_step"
-                                          else f"{v:.4f}" if k == "slope_se" else f"{v:.3f}"
+        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:{formats.get(k, '.3f')}}"
                                           for k, v in m.items()) + " |")
     turns = {name: per_turn_change(steps) for name, steps in runs.items()}
     columns = (("correct_fraction", ".2f"), ("format_ok_fraction", ".2f"), ("advantage_mean", ".2f"),
