@@ -5,8 +5,11 @@ from setuptools import setup
 
 native = Pybind11Extension(
     "cuda_eval._native",
-    sources=["cuda_eval/_native/module.cpp", "cuda_eval/_native/sandbox.cpp", "cuda_eval/_native/cuda_timer.cpp"],
-    include_dirs=["cuda_eval/_native"],
+    # The sources live in native_src/, not _native/: a directory named like the module would be imported as an
+    # empty namespace package whenever the built .so is missing (docs/EVALUATOR.md, "Known limits").
+    sources=["cuda_eval/native_src/module.cpp", "cuda_eval/native_src/sandbox.cpp",
+             "cuda_eval/native_src/cuda_timer.cpp"],
+    include_dirs=["cuda_eval/native_src"],
     cxx_std=17,
     extra_compile_args=["-O2", "-Wall"],
     libraries=["dl"],

@@ -60,8 +60,8 @@ struct ChildError {
   int err;   // errno
 };
 const char* const kChildSteps[] = {"setsid", "dup2", "chdir", "setrlimit", "setgroups", "setresgid", "setresuid",
-                                   "prctl", "execve"};
-enum ChildStep { kSetsid, kDup2, kChdir, kSetrlimit, kSetgroups, kSetgid, kSetuid, kPrctl, kExecve };
+                                   "prctl", "execve", "unshare(CLONE_NEWNET)"};
+enum ChildStep { kSetsid, kDup2, kChdir, kSetrlimit, kSetgroups, kSetgid, kSetuid, kPrctl, kExecve, kUnshareNet };
 
 // Everything the child needs, prepared by the parent.
 struct ChildPlan {
@@ -78,6 +78,9 @@ struct ChildPlan {
   long long uid, gid;
   bool die_with_parent;
   pid_t parent_pid;
+  int pass_fds[kMaxPassFds];
+  int n_pass;
+  bool new_netns;
 };
 
 [[noreturn]] void child_fail(const ChildPlan* plan, int step) {
@@ -90,14 +93,24 @@ struct ChildPlan {
 int child_main(void* arg) {
   const ChildPlan* plan = static_cast<const ChildPlan*>(arg);
   if (setsid() < 0) child_fail(plan, kSetsid);
-  // Move the error pipe out of the way of 0/1/2 first, then install the standard streams.
-  int err_fd = fcntl(plan->err_fd, F_DUPFD_CLOEXEC, 3);
+  // Move the error pipe and the descriptors to hand over above the range they will occupy (3 .. 3+n_pass), then
+  // install the standard streams and the handed-over descriptors (dup2 clears close-on-exec on the copies).
+  const int first_free = 3 + plan->n_pass;
+  int err_fd = fcntl(plan->err_fd, F_DUPFD_CLOEXEC, first_free);
   if (err_fd < 0) child_fail(plan, kDup2);
   const_cast<ChildPlan*>(plan)->err_fd = err_fd;  // our stack copy (parent is suspended: CLONE_VFORK)
+  int moved[kMaxPassFds];
+  for (int i = 0; i < plan->n_pass; ++i) {
+    moved[i] = fcntl(plan->pass_fds[i], F_DUPFD_CLOEXEC, first_free);
+    if (moved[i] < 0) child_fail(plan, kDup2);
+  }
   if (dup2(plan->stdin_fd, 0) < 0 || dup2(plan->stdout_fd, 1) < 0 || dup2(plan->stderr_fd, 2) < 0)
     child_fail(plan, kDup2);
+  for (int i = 0; i < plan->n_pass; ++i) {
+    if (dup2(moved[i], 3 + i) < 0) child_fail(plan, kDup2);
+  }
   // Close every other inherited descriptor except the error pipe (which is close-on-exec).
-  for (int fd = 3; fd < err_fd; ++fd) close(fd);
+  for (int fd = first_free; fd < err_fd; ++fd) close(fd);
 #ifdef SYS_close_range
   if (syscall(SYS_close_range, err_fd + 1, ~0U, 0) != 0)
 #endif
@@ -108,6 +121,8 @@ int child_main(void* arg) {
     for (long fd = err_fd + 1; fd < max_fd; ++fd) close(fd);
   }
   if (plan->cwd[0] && chdir(plan->cwd) != 0) child_fail(plan, kChdir);
+  // No network: a namespace of its own with only a loopback interface, which is down (before dropping privileges).
+  if (plan->new_netns && syscall(SYS_unshare, CLONE_NEWNET) != 0) child_fail(plan, kUnshareNet);
   for (int i = 0; i < plan->n_limits; ++i) {
     rlimit r;
     r.rlim_cur = r.rlim_max = static_cast<rlim_t>(plan->limits[i].value);
@@ -321,6 +336,13 @@ std::unique_ptr<Child> Child::start(const SpawnOptions& options) {
   plan.gid = options.gid;
   plan.die_with_parent = options.die_with_parent_thread;
   plan.parent_pid = getpid();
+  if (options.pass_fds.size() > static_cast<size_t>(kMaxPassFds))
+    throw std::invalid_argument("at most " + std::to_string(kMaxPassFds) + " pass_fds");
+  for (int fd : options.pass_fds) {
+    if (fd < 0 || fcntl(fd, F_GETFD) < 0) throw std::invalid_argument("pass_fds: bad descriptor " + std::to_string(fd));
+    plan.pass_fds[plan.n_pass++] = fd;
+  }
+  plan.new_netns = options.new_netns;
 
   child->start_time_ = now_s();
   if (options.lifetime_s >= 0) child->lifetime_deadline_ = child->start_time_ + options.lifetime_s;

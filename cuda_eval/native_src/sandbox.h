@@ -40,7 +40,10 @@ struct SpawnOptions {
   double lifetime_s = -1;                // > 0: the monitor kills the child this long after start (timed_out)
   bool sweep_uid = true;                 // kill every process of `uid` when the child ends (false: only its group;
                                          // for several concurrent children sharing one uid, swept by the caller)
+  std::vector<int> pass_fds;             // our descriptors to hand over, as the child's fds 3, 4, ... (in order)
+  bool new_netns = false;                // a new, empty network namespace (loopback down): needs CAP_SYS_ADMIN
 };
+constexpr int kMaxPassFds = 8;
 
 struct RunResult {
   int exit_code = -1;  // -1 when killed by a signal
