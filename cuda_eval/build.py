@@ -16,7 +16,12 @@ about it (measurements: docs/LOG.md):
   anything unexpected in the dry run falls back to plain nvcc.
 - main.cpp: a precompiled header of torch/extension.h (built once per toolchain and flag set, stored in the cache)
   and an object cache (main.cpp rarely changes between refinements of one kernel).
-Every compiler process runs in the sandbox (its own uid, rlimits, a deadline).
+Every compiler process runs in the sandbox (its own uid, rlimits, a deadline), with only allow-listed candidate
+flags (flag_policy). Directories of one build: `src/` is ours and read-only for the sandbox uid (the generated
+sources, module ids, objects restored from the object cache), `out/` belongs to the sandbox uid (the compilers'
+cwd and outputs), `product/` is ours again: what the build produced is copied there out of `out/` through a
+checked descriptor (cache.copy_untrusted) before anything uses it. Nothing of ours ever writes into `out/` or
+follows a link there.
 """
 from __future__ import annotations
 
@@ -28,17 +33,21 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from cuda_eval import flag_policy
 from cuda_eval import sandbox as sb
-from cuda_eval.cache import BuildCache
+from cuda_eval.cache import BuildCache, UnsafeFile, copy_untrusted
 from cuda_eval.candidate import ExtensionSpec
 from cuda_eval.toolchain import Toolchain
 
 PCH_HEADER = "kj_torch_extension.h"
+# Compiles yield the CPU to the host threads of the GPU jobs running beside them (docs/EVALUATOR.md, "Timing").
+COMPILE_NICE = 10
 LIGHT_HEADER = "kj_light_torch.h"
 # Sources that need more than the light header gives (python bindings, the C++ frontend, autograd, operator
 # registration, ATen internals, from_blob & co. from ATen/Functions.h): straight to the exact build.
@@ -73,7 +82,7 @@ class BuildConfig:
     max_errors: int = 8
     limits: sb.SandboxLimits = sb.SandboxLimits(address_space_bytes=8 << 30, cpu_seconds=900,
                                                 file_size_bytes=2 << 30, processes=256, wall_timeout_s=600,
-                                                output_cap_bytes=1 << 20)
+                                                output_cap_bytes=1 << 20, nice=COMPILE_NICE)
 
 
 @dataclasses.dataclass
@@ -91,7 +100,7 @@ class Phase:
 class BuildResult:
     ok: bool
     so_path: str | None = None
-    error_kind: str | None = None     # None | "compile_error" | "compile_timeout" | "sandbox_killed"
+    error_kind: str | None = None     # None | "compile_error" | "compile_timeout" | "sandbox_killed" | "flag_rejected"
     log: str = ""                     # cleaned, mapped to the candidate's sources, trimmed (for the model)
     raw_log: str = ""                 # compiler output as is (capped), for debugging
     header_mode: str = ""             # "light" | "exact" | "light_failed_exact" | "none" (no cuda sources)
@@ -177,10 +186,14 @@ _ERROR_START = re.compile(r"(\berror\b|undefined reference|fatal error|: error:|
 _LOCATION = re.compile(r"^(?P<file>[^:()\s]+?)(?:\((?P<eline>\d+)\)|:(?P<gline>\d+)(?::\d+)?):")
 
 
-def clean_log(raw: str, *, build_dir: str, toolchain: Toolchain | None, max_errors: int, max_chars: int) -> str:
+def clean_log(raw: str, *, build_dir: str | Sequence[str], toolchain: Toolchain | None, max_errors: int,
+              max_chars: int) -> str:
     """The first `max_errors` diagnostics (error lines with the source/caret lines that follow), paths relative to
-    the candidate's strings, torch header paths shortened, include chains and notes dropped, trimmed."""
-    text = raw.replace(build_dir.rstrip("/") + "/", "")
+    the candidate's strings, torch header paths shortened, include chains and notes dropped, trimmed.
+    `build_dir`: the directory (or directories) whose prefix is dropped from paths."""
+    text = raw
+    for d in sorted([build_dir] if isinstance(build_dir, str) else build_dir, key=len, reverse=True):
+        text = text.replace(d.rstrip("/") + "/", "")
     if toolchain:
         for inc in sorted(toolchain.torch_include, key=len, reverse=True):
             text = text.replace(inc.rstrip("/") + "/", "<torch>/")
@@ -351,12 +364,16 @@ class _ChainFailed(Exception):
     pass
 
 
+_SHELL_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+
+
 def compile_cuda(runner: _Runner, cu_file: str, obj_file: str, cuda_cflags: Sequence[str], *, toolchain: Toolchain,
                  parallel: bool, host_opt_level: str | None, phases: list[Phase]) -> tuple[bool, str]:
-    """Compile one .cu into an object. Returns (ok, compiler output of the failing step or all warnings)."""
+    """Compile one .cu into an object. Returns (ok, compiler output of the failing step or all warnings).
+    cu_file lies in a directory of ours (the module id is written next to it); obj_file in the runner's cwd."""
     runner = runner.group()
     nvcc = toolchain.nvcc
-    base = [nvcc, *cuda_cflags, "-c", os.path.basename(cu_file), "-o", os.path.basename(obj_file)]
+    base = [nvcc, *cuda_cflags, "-c", cu_file, "-o", obj_file]
     plan = None
     if parallel:
         dry = runner.run([nvcc, "-dryrun", *base[1:]], "nvcc -dryrun", phases)
@@ -364,6 +381,18 @@ def compile_cuda(runner: _Runner, cu_file: str, obj_file: str, cuda_cflags: Sequ
             cmds = [ln[3:].strip() for ln in dry["stderr"].decode("utf-8", "replace").splitlines()
                     if ln.startswith("#$ ")]
             plan = _classify(cmds)
+    src_dir = os.path.dirname(os.path.abspath(cu_file))
+    stem = os.path.splitext(os.path.basename(cu_file))[0]
+    # The module id goes next to the source (a directory of ours; candidate file names never start with a dot),
+    # never where nvcc's dry run put it: that is the sandbox uid's directory.
+    module_id_path = os.path.join(src_dir, f".{stem}.module_id")
+    if plan is not None:
+        old_arg, new_arg = f'"{plan.module_id_file}"', f'"{module_id_path}"'
+        if not _SHELL_SAFE_PATH.fullmatch(module_id_path) or not any(old_arg in c for _, c in plan.host):
+            plan = None  # not the dry run we know: plain nvcc
+        else:
+            plan.host = [(n, c.replace(old_arg, new_arg)) for n, c in plan.host]
+            plan.device = [(n, c.replace(old_arg, new_arg)) for n, c in plan.device]
     if plan is None:
         argv = base if not host_opt_level else base + ["-Xcompiler", host_opt_level]
         res = runner.run(argv, "nvcc", phases)
@@ -371,12 +400,7 @@ def compile_cuda(runner: _Runner, cu_file: str, obj_file: str, cuda_cflags: Sequ
 
     with open(cu_file) as f:
         cu_text = f.read()
-    module_id_path = plan.module_id_file if os.path.isabs(plan.module_id_file) else \
-        os.path.join(runner.cwd, plan.module_id_file)
-    with open(module_id_path, "w") as f:
-        f.write(_module_id(cu_text + " ".join(cuda_cflags), os.path.splitext(os.path.basename(cu_file))[0]))
-    if runner.session.uid is not None:
-        os.chown(module_id_path, runner.session.uid, runner.session.uid)
+    write_private(src_dir, os.path.basename(module_id_path), _module_id(cu_text + " ".join(cuda_cflags), stem))
 
     outputs: dict[str, str] = {}
     env = _assignments_env(plan.assignments)
@@ -412,6 +436,60 @@ def compile_cuda(runner: _Runner, cu_file: str, obj_file: str, cuda_cflags: Sequ
     res = runner.run(_script(final_cmd), "host compile", phases, extra_env=env)
     log = outputs.get("host", "") + outputs.get("device", "") + _text(res)
     return res["exit_code"] == 0 and not res["timed_out"], log
+
+
+# --- directories of one build ----------------------------------------------------------------------------------------
+def write_private(directory: str, name: str, text: str) -> str:
+    """Write `text` to directory/name, a directory of ours that no one else can write to; never through a link.
+    Returns the path."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"bad file name {name!r}")
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o644)
+        f.write(text)
+    return path
+
+
+def _make_private_dir(path: str) -> str:
+    os.mkdir(path, 0o755)
+    os.chmod(path, 0o755)  # readable by the sandbox uid, writable by us alone (whatever the umask)
+    return path
+
+
+@dataclasses.dataclass
+class _BuildDirs:
+    """The directories of one build (see the module doc): src (ours, read-only for the sandbox), out (the sandbox
+    uid's: the compilers' cwd), product (ours: outputs copied out of `out`). `owner`: the uid whose files `out`
+    may hold, set once the sandbox session exists."""
+    root: str
+    src: str
+    out: str
+    product: str
+    owner: int = -1
+
+    @classmethod
+    def create(cls, root: str) -> _BuildDirs:
+        """Fresh sub-dirs of `root` (a new directory of ours, or one we create)."""
+        os.makedirs(root, exist_ok=True)
+        st = os.lstat(root)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"build dir {root} is not a directory of ours")
+        os.chmod(root, 0o755)
+        return cls(root, _make_private_dir(os.path.join(root, "src")), os.path.join(root, "out"),
+                   _make_private_dir(os.path.join(root, "product")))
+
+    def take(self, name: str, max_bytes: int | None) -> str:
+        """Copy out/<name>, written by the sandbox uid, to product/<name> (checked: a regular file with one link,
+        owned by that uid, at most max_bytes); returns the copy. Raises UnsafeFile or OSError."""
+        dst = os.path.join(self.product, name)
+        if os.path.lexists(dst):
+            os.unlink(dst)
+        return copy_untrusted(self.out, name, dst, owner=self.owner, max_bytes=max_bytes or _MAX_PRODUCT_BYTES)
+
+
+_MAX_PRODUCT_BYTES = 4 << 30
 
 
 # --- the precompiled header -----------------------------------------------------------------------------------------
@@ -465,20 +543,25 @@ class PchStore:
         try:
             os.makedirs(self.work_root, exist_ok=True)
             work = tempfile.mkdtemp(prefix="pch-", dir=self.work_root)
-            os.chmod(work, 0o755)
             try:
-                with open(os.path.join(work, PCH_HEADER), "w") as f:
-                    f.write("#include <torch/extension.h>\n")
-                with sb.SandboxSession(work) as session:
+                dirs = _BuildDirs.create(work)
+                header = write_private(dirs.src, PCH_HEADER, "#include <torch/extension.h>\n")
+                with sb.SandboxSession(dirs.out) as session:
+                    dirs.owner = session.uid if session.uid is not None else os.geteuid()
                     limits = dataclasses.replace(self.limits, wall_timeout_s=900, file_size_bytes=4 << 30)
-                    res = session.run([self.toolchain.cxx, *pch_flags, "-x", "c++-header", PCH_HEADER, "-o",
+                    res = session.run([self.toolchain.cxx, *pch_flags, "-x", "c++-header", header, "-o",
                                        PCH_HEADER + ".gch"], limits)
-                if res["exit_code"] != 0:
+                    gch = None
+                    if res["exit_code"] == 0:
+                        try:
+                            gch = dirs.take(PCH_HEADER + ".gch", limits.file_size_bytes)
+                        except (OSError, UnsafeFile) as e:
+                            res = {**res, "exit_code": -1, "stdout": b"", "stderr": str(e).encode()}
+                if gch is None:
                     with self._lock:
                         self.failures[key] = _text(res)[-2000:]
                     return
-                self.cache.publish(key, {PCH_HEADER: os.path.join(work, PCH_HEADER),
-                                         PCH_HEADER + ".gch": os.path.join(work, PCH_HEADER + ".gch")},
+                self.cache.publish(key, {PCH_HEADER: header, PCH_HEADER + ".gch": gch},
                                    {"flags": pch_flags, "build_s": res["wall_s"]}, move=True)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
@@ -514,21 +597,26 @@ class Builder:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def build(self, spec: ExtensionSpec, build_dir: str, timeout_s: float) -> BuildResult:
-        """Build `spec` in `build_dir` (created; must not hold untrusted files). The .so is left in build_dir."""
+        """Build `spec` in `build_dir` (created; must be ours and hold nothing else). The .so is left in
+        <build_dir>/product (BuildResult.so_path), a copy of ours."""
         t_start = time.monotonic()
         deadline = t_start + timeout_s
-        os.makedirs(build_dir, exist_ok=True)
-        os.chmod(build_dir, 0o755)
         result = BuildResult(ok=False)
+        rejected = flag_policy.rejection(spec, self.toolchain.arch)
+        if rejected:  # before anything runs: these flags would reach the compilers
+            result.error_kind, result.log = "flag_rejected", rejected
+            return result
         try:
-            with sb.SandboxSession(build_dir) as session:
-                runner = _Runner(session, self.config.limits, deadline, build_dir)
+            dirs = _BuildDirs.create(build_dir)
+            with sb.SandboxSession(dirs.out) as session:
+                dirs.owner = session.uid if session.uid is not None else os.geteuid()
+                runner = _Runner(session, self.config.limits, deadline, dirs.out)
                 if spec.kind == "files":
-                    self._build_files(spec, build_dir, runner, result)
+                    self._build_files(spec, dirs, runner, result)
                 else:
-                    self._build_inline(spec, build_dir, runner, result)
+                    self._build_inline(spec, dirs, runner, result)
         except OSError as e:
-            result.ok, result.error_kind = False, "sandbox_killed"
+            result.ok, result.so_path, result.error_kind = False, None, "sandbox_killed"
             result.log = f"the build could not run: {e}"
         result.build_s = round(time.monotonic() - t_start, 3)
         if not result.ok and result.error_kind is None:
@@ -542,9 +630,8 @@ class Builder:
                                     extra_include_paths=spec.extra_include_paths)
 
     # one load_inline extension
-    def _build_inline(self, spec: ExtensionSpec, build_dir: str, runner: _Runner, result: BuildResult) -> None:
+    def _build_inline(self, spec: ExtensionSpec, dirs: _BuildDirs, runner: _Runner, result: BuildResult) -> None:
         tc, cfg = self.toolchain, self.config
-        with_cuda = spec.uses_cuda
         flags = self._spec_flags(spec)
         cflags = flags["cflags"]  # host_opt_level concerns the .cu host pass only (main.cpp is pybind glue)
         objects: dict[str, str] = {}
@@ -554,21 +641,20 @@ class Builder:
         def compile_main() -> bool:
             exact_text = main_cpp(spec, pch_include=False)
             key = self._object_key("main.o", exact_text, cflags)
-            obj = os.path.join(build_dir, "main.o")
-            if self._from_object_cache(key, "main.o", obj, phases):
-                objects["main"] = obj
+            cached = self._from_object_cache(key, "main.o", dirs, phases)
+            if cached:
+                objects["main"] = cached
                 return True
             pch_dir = None
             if cfg.use_pch and self.pch_store is not None and not spec.no_implicit_headers:
                 pch_dir = self.pch_store.ensure(pch_flags(cflags), wait=False)
+            obj = os.path.join(dirs.out, "main.o")
             if pch_dir:
-                text = main_cpp(spec, pch_include=True)
-                argv = [tc.cxx, f"-I{pch_dir}", "-Winvalid-pch", *pch_flags(cflags), "-c",
-                        "main.cpp", "-o", "main.o"]
+                src = write_private(dirs.src, "main.cpp", main_cpp(spec, pch_include=True))
+                argv = [tc.cxx, f"-I{pch_dir}", "-Winvalid-pch", *pch_flags(cflags), "-c", src, "-o", obj]
             else:
-                text = exact_text
-                argv = [tc.cxx, *cflags, "-c", "main.cpp", "-o", "main.o"]
-            self._write(build_dir, "main.cpp", text, runner)
+                src = write_private(dirs.src, "main.cpp", exact_text)
+                argv = [tc.cxx, *cflags, "-c", src, "-o", obj]
             res = runner.run(argv, "g++ main.cpp" + (" (pch)" if pch_dir else ""), phases)
             logs["main"] = _text(res)
             if pch_dir and "not used because" in logs["main"]:
@@ -577,25 +663,27 @@ class Builder:
             if res["exit_code"] != 0 or res["timed_out"]:
                 return False
             objects["main"] = obj
-            self._to_object_cache(key, "main.o", obj)
+            self._to_object_cache(key, "main.o", dirs)
             return True
 
         def compile_cu(light_text: str | None) -> tuple[bool, str]:
             light = light_text is not None
             text = cuda_cu(spec, light=light)
             if light:
-                self._write(build_dir, LIGHT_HEADER, light_text, runner)
+                write_private(dirs.src, LIGHT_HEADER, light_text)
             key = self._object_key("cuda.o", text + (light_text or ""), flags["cuda_cflags"],
                                    cfg.host_opt_level or "")
-            obj = os.path.join(build_dir, "cuda.cuda.o")
-            if self._from_object_cache(key, "cuda.cuda.o", obj, phases):
+            cached = self._from_object_cache(key, "cuda.cuda.o", dirs, phases)
+            if cached:
+                objects["cuda"] = cached
                 return True, ""
-            self._write(build_dir, "cuda.cu", text, runner)
-            ok, log = compile_cuda(runner, os.path.join(build_dir, "cuda.cu"), obj, flags["cuda_cflags"],
+            obj = os.path.join(dirs.out, "cuda.cuda.o")
+            ok, log = compile_cuda(runner, write_private(dirs.src, "cuda.cu", text), obj, flags["cuda_cflags"],
                                    toolchain=tc, parallel=cfg.parallel_phases, host_opt_level=cfg.host_opt_level,
                                    phases=phases)
             if ok:
-                self._to_object_cache(key, "cuda.cuda.o", obj)
+                objects["cuda"] = obj
+                self._to_object_cache(key, "cuda.cuda.o", dirs)
             return ok, log
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -612,33 +700,35 @@ class Builder:
                     light_problem = None if cu_ok else "the light build failed to compile"
                     if cu_ok:
                         main_ok = main_future.result()
-                        light_problem = self._undefined_after_light(runner, phases) if main_ok else None
+                        light_problem = self._undefined_after_light(runner, objects, phases) if main_ok else None
                     if light_problem and not runner.timed_out:
                         result.header_mode, result.light_failure = "light_failed_exact", light_problem
+                        objects.pop("cuda", None)
                         cu_ok, logs["cuda"] = compile_cu(None)
             else:
                 result.header_mode = "none"
             main_ok = main_future.result()
         raw = (logs.get("cuda", "") if not cu_ok else "") + (logs.get("main", "") if not main_ok else "")
         if cu_ok and main_ok:
-            obj_list = ["main.o"] + (["cuda.cuda.o"] if spec.cuda_sources else [])
+            obj_list = [objects["main"]] + ([objects["cuda"]] if spec.cuda_sources else [])
             so_name = f"{spec.name}.so"
-            res = runner.run([tc.cxx, *obj_list, *flags["ldflags"], "-o", so_name], "link", phases)
+            res = runner.run([tc.cxx, *obj_list, *flags["ldflags"], "-o", os.path.join(dirs.out, so_name)], "link",
+                             phases)
             if res["exit_code"] == 0 and not res["timed_out"]:
-                result.ok, result.so_path = True, os.path.join(build_dir, so_name)
+                self._take_product(so_name, dirs, result)
             else:
                 raw = _text(res)
-        self._finish(result, raw or "\n".join(logs.values()), build_dir, runner)
+        self._finish(result, raw or "\n".join(logs.values()), dirs, runner)
 
-    def _undefined_after_light(self, runner: _Runner, phases: list[Phase]) -> str | None:
+    def _undefined_after_light(self, runner: _Runner, objects: Mapping[str, str], phases: list[Phase]) -> str | None:
         """Symbols the light cuda.o needs that no torch/CUDA library defines (the full headers would have
         defined them inline). None if there are none."""
         tc = self.toolchain
         libs = [f"-L{tc.torch_lib_dir}", "-lc10", "-ltorch_cpu", "-ltorch", "-lc10_cuda", "-ltorch_cuda",
                 f"-L{os.path.join(tc.cuda_home, 'lib64')}", "-lcudart"]
-        res = runner.run([tc.cxx, "-shared", "cuda.cuda.o", "main.o", *tc.link_existing(libs), "-o",
-                          "light_check.so", "-Wl,--unresolved-symbols=report-all", "-Wl,--no-undefined"],
-                         "light symbol check", phases)
+        res = runner.run([tc.cxx, "-shared", objects["cuda"], objects["main"], *tc.link_existing(libs), "-o",
+                          os.path.join(runner.cwd, "light_check.so"), "-Wl,--unresolved-symbols=report-all",
+                          "-Wl,--no-undefined"], "light symbol check", phases)
         if res["exit_code"] == 0:
             return None
         missing = []
@@ -658,25 +748,26 @@ class Builder:
         return None
 
     # load(name, sources=[files])
-    def _build_files(self, spec: ExtensionSpec, build_dir: str, runner: _Runner, result: BuildResult) -> None:
+    def _build_files(self, spec: ExtensionSpec, dirs: _BuildDirs, runner: _Runner, result: BuildResult) -> None:
         tc, cfg = self.toolchain, self.config
         with_cuda = spec.uses_cuda
         flags = self._spec_flags(spec)
         result.header_mode = "exact"
         for name, content in spec.source_files:
-            self._write(build_dir, name, content, runner)
+            write_private(dirs.src, name, content)
         objects, raw = [], ""
         ok = True
         for name, _ in spec.source_files[:spec.n_sources]:
             stem, ext = os.path.splitext(name)
+            src = os.path.join(dirs.src, name)
             if ext in (".cu", ".cuh") and with_cuda:
-                obj = f"{stem}.cuda.o"
-                ok, log = compile_cuda(runner, os.path.join(build_dir, name), os.path.join(build_dir, obj),
-                                       flags["cuda_cflags"], toolchain=tc, parallel=cfg.parallel_phases,
-                                       host_opt_level=cfg.host_opt_level, phases=result.phases)
+                obj = os.path.join(dirs.out, f"{stem}.cuda.o")
+                ok, log = compile_cuda(runner, src, obj, flags["cuda_cflags"], toolchain=tc,
+                                       parallel=cfg.parallel_phases, host_opt_level=cfg.host_opt_level,
+                                       phases=result.phases)
             else:
-                obj = f"{stem}.o"
-                res = runner.run([tc.cxx, *flags["cflags"], "-c", name, "-o", obj], f"g++ {name}", result.phases)
+                obj = os.path.join(dirs.out, f"{stem}.o")
+                res = runner.run([tc.cxx, *flags["cflags"], "-c", src, "-o", obj], f"g++ {name}", result.phases)
                 ok, log = res["exit_code"] == 0 and not res["timed_out"], _text(res)
             objects.append(obj)
             if not ok:
@@ -685,48 +776,60 @@ class Builder:
         if ok:
             out = spec.name + ("" if spec.is_standalone else ".so")
             ld = [f for f in flags["ldflags"] if not (spec.is_standalone and f == "-shared")]
-            res = runner.run([tc.cxx, *objects, *ld, "-o", out], "link", result.phases)
+            res = runner.run([tc.cxx, *objects, *ld, "-o", os.path.join(dirs.out, out)], "link", result.phases)
             if res["exit_code"] == 0 and not res["timed_out"]:
-                result.ok, result.so_path = True, os.path.join(build_dir, out)
+                self._take_product(out, dirs, result)
             else:
                 raw = _text(res)
-        self._finish(result, raw, build_dir, runner)
+        self._finish(result, raw, dirs, runner)
 
     # helpers
-    def _finish(self, result: BuildResult, raw: str, build_dir: str, runner: _Runner) -> None:
+    def _take_product(self, name: str, dirs: _BuildDirs, result: BuildResult) -> None:
+        """The linked file, copied out of the sandbox's directory: result.so_path is the copy."""
+        try:
+            result.so_path = dirs.take(name, self.config.limits.file_size_bytes)
+            result.ok = True
+        except (OSError, UnsafeFile) as e:
+            result.ok, result.so_path, result.error_kind = False, None, "sandbox_killed"
+            result.log = f"the build's output could not be read safely: {e}"
+
+    def _finish(self, result: BuildResult, raw: str, dirs: _BuildDirs, runner: _Runner) -> None:
         cfg = self.config
+        if result.error_kind == "sandbox_killed":
+            return
         if runner.timed_out and not result.ok:
             result.error_kind = "compile_timeout"
             raw = (raw + "\n" if raw else "") + "the build timed out and was killed"
         result.raw_log = raw[-50000:]
         if not result.ok:
-            result.log = clean_log(raw, build_dir=build_dir, toolchain=self.toolchain, max_errors=cfg.max_errors,
-                                   max_chars=cfg.max_log_chars)
+            result.log = clean_log(raw, build_dir=[dirs.src, dirs.out, dirs.root], toolchain=self.toolchain,
+                                   max_errors=cfg.max_errors, max_chars=cfg.max_log_chars)
             if result.error_kind == "compile_timeout" and "timed out" not in result.log:
                 result.log = (result.log + "\n" if result.log else "") + "the build timed out and was killed"
 
-    @staticmethod
-    def _write(build_dir: str, name: str, text: str, runner: _Runner) -> None:
-        path = os.path.join(build_dir, name)
-        with open(path, "w") as f:
-            f.write(text)
-        os.chmod(path, 0o644)
-
-    def _from_object_cache(self, key: str, name: str, dst: str, phases: list[Phase]) -> bool:
+    def _from_object_cache(self, key: str, name: str, dirs: _BuildDirs, phases: list[Phase]) -> str | None:
+        """A cached object copied into src/ (ours; the link step reads it there), or None."""
         if not (self.config.object_cache and self.cache):
-            return False
+            return None
         entry = self.cache.lookup(key, required=(name,))
         if entry is None:
-            return False
-        shutil.copyfile(entry.file(name), dst)
-        os.chmod(dst, 0o644)
+            return None
+        dst = os.path.join(dirs.src, name)
+        if os.path.lexists(dst):
+            os.unlink(dst)
+        try:
+            copy_untrusted(entry.path, name, dst, owner=os.geteuid(), max_bytes=_MAX_PRODUCT_BYTES)
+        except (OSError, UnsafeFile):
+            return None  # evicted meanwhile, or not ours: build it
         phases.append(Phase(f"{name} (cached)", 0.0, True))
-        return True
+        return dst
 
-    def _to_object_cache(self, key: str, name: str, src: str) -> None:
+    def _to_object_cache(self, key: str, name: str, dirs: _BuildDirs) -> None:
+        """Publish out/<name> (copied out of the sandbox's directory first) under `key`."""
         if self.config.object_cache and self.cache:
             try:
-                self.cache.publish(key, {name: src}, {"kind": "object"})
+                copy = dirs.take(name, self.config.limits.file_size_bytes)
+                self.cache.publish(key, {name: copy}, {"kind": "object"}, move=True)
             except (OSError, ValueError):
                 pass  # the cache is an optimisation: never fail a build for it
 

@@ -9,7 +9,11 @@ it at a time; an entry is first renamed into <root>/trash/ (it disappears atomic
 that already opened a file keeps a valid file. Entries used within `min_age_s` are never evicted: a compile result
 handed to a GPU worker stays loadable until that worker imports it.
 
-Files published here are re-owned by us (0644/0755), so a sandbox uid that produced them cannot alter them later.
+Files published here are ours (0644/0755): a file from a sandbox uid's directory is copied through a checked
+descriptor (`open_untrusted`), never renamed in, so no inode a sandbox uid owns or holds open enters the cache.
+Sandboxed processes read entries by path (the GPU workers load .so files), but `entries/` and its prefix dirs are
+0711: an entry can be opened only by whoever knows its key. `private=True` (the record store: candidate sources)
+makes the whole cache 0700.
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ class CacheEntry:
 class BuildCache:
     """A directory of content-addressed entries with a size bound. Safe for many processes at once."""
 
-    def __init__(self, root: str, max_bytes: int, *, min_age_s: float = 3600.0, evict_interval_s: float = 5.0):
+    def __init__(self, root: str, max_bytes: int, *, min_age_s: float = 3600.0, evict_interval_s: float = 5.0,
+                 private: bool = False):
         if max_bytes <= 0:
             raise ValueError(f"cache max_bytes must be > 0, got {max_bytes}")
         self.root = os.path.abspath(os.path.expanduser(root))
@@ -47,13 +52,20 @@ class BuildCache:
         self.min_age_s = float(min_age_s)
         self.evict_interval_s = float(evict_interval_s)
         self._last_evict = 0.0
+        self.private = private
         for sub in ("entries", "tmp", "trash"):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
-        # Sandboxed GPU workers (another uid) must reach the entries; nothing here is writable by them.
-        for d in (self.root, os.path.join(self.root, "entries")):
+        # Sandboxed GPU workers (another uid) must reach entries whose key they were given, and nothing more:
+        # entries/ and its prefix dirs are traversable, not listable; staging and trash are ours alone.
+        entries = os.path.join(self.root, "entries")
+        modes = {self.root: 0o700 if private else 0o755, entries: 0o711, os.path.join(self.root, "tmp"): 0o700,
+                 os.path.join(self.root, "trash"): 0o700}
+        modes.update({e.path: 0o711 for e in os.scandir(entries) if e.is_dir(follow_symlinks=False)})
+        for d, mode in modes.items():
             try:
-                os.chmod(d, 0o755)
-            except PermissionError:  # a cache dir created by someone else: leave its mode alone
+                if stat.S_IMODE(os.lstat(d).st_mode) != mode:
+                    os.chmod(d, mode)
+            except PermissionError:  # a cache dir created by someone else (e.g. read from a sandbox): leave it
                 pass
 
     # --- reading --------------------------------------------------------------------------------------------------
@@ -80,8 +92,10 @@ class BuildCache:
     # --- writing --------------------------------------------------------------------------------------------------
     def publish(self, key: str, files: Mapping[str, str], meta: Mapping | None = None, *,
                 move: bool = False) -> CacheEntry:
-        """Insert `files` ({name in entry: source path}) under `key`. move=True renames sources when possible
-        (same filesystem), else copies. Returns the entry (an existing one if another process won the race)."""
+        """Insert `files` ({name in entry: source path}) under `key`. move=True renames a source when that is safe
+        (ours, in a directory only we can write to, same filesystem), else it is copied. A source must be a
+        regular file with a single link (ValueError otherwise: it may come from a sandbox's directory). Returns
+        the entry (an existing one if another process won the race)."""
         final = self.entry_dir(key)
         for name in files:
             if not name or "/" in name or name == "meta.json" or name.startswith("."):
@@ -89,18 +103,7 @@ class BuildCache:
         tmp = tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=os.path.join(self.root, "tmp"))
         try:
             for name, src in files.items():
-                _check_source(src)
-                dst = os.path.join(tmp, name)
-                moved = False
-                if move:
-                    try:
-                        os.rename(src, dst)
-                        moved = True
-                    except OSError:
-                        moved = False
-                if not moved:
-                    shutil.copyfile(src, dst)
-                _own(dst)
+                _take(src, os.path.join(tmp, name), move=move)
             full_meta = dict(meta or {})
             full_meta.setdefault("created", time.time())
             full_meta["files"] = sorted(files)
@@ -109,7 +112,7 @@ class BuildCache:
             os.chmod(os.path.join(tmp, "meta.json"), 0o644)
             os.chmod(tmp, 0o755)
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.chmod(os.path.dirname(final), 0o755)
+            os.chmod(os.path.dirname(final), 0o711)
             try:
                 os.rename(tmp, final)
             except OSError as e:
@@ -197,16 +200,140 @@ def _check_key(key: str) -> None:
         raise ValueError(f"cache keys are lowercase hex digests, got {key!r}")
 
 
-def _check_source(path: str) -> None:
-    """Sources may come from a sandboxed build dir: accept only plain files with one link, so that a symlink or a
-    hard link planted there cannot make us copy or re-own something else."""
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        raise ValueError(f"refusing to cache {path}: not a regular file with a single link")
+class UnsafeFile(ValueError):
+    """A file that may have been planted by a sandbox uid is not what it must be (a link, a FIFO, too big...)."""
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _open_checked(path: str, *, dir_fd: int | None = None, owner: int | None, max_bytes: int | None) -> int:
+    """An fd on `path` if it is a regular file with a single link (owned by `owner`, at most max_bytes, when
+    given); never follows a symlink in the last component, never blocks on a FIFO or takes a controlling tty."""
+    try:
+        fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFile(f"refusing {path}: not a regular file with a single link (a symbolic link)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise UnsafeFile(f"refusing {path}: not a regular file with a single link")
+        if owner is not None and st.st_uid != owner:
+            raise UnsafeFile(f"refusing {path}: owned by uid {st.st_uid}, not {owner}")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise UnsafeFile(f"refusing {path}: {st.st_size} bytes (limit {max_bytes})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_untrusted(directory: str, name: str, *, owner: int, max_bytes: int) -> int:
+    """A read-only fd on `directory`/`name`, a file a sandbox uid may have written or replaced: UnsafeFile unless
+    it is a regular file with a single link, owned by `owner` (the uid the sandbox ran as) and at most
+    `max_bytes`. FileNotFoundError if it is missing. The caller closes the fd."""
+    if not name or "/" in name or name in (".", ".."):
+        raise UnsafeFile(f"bad file name {name!r}")
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return _open_checked(name, dir_fd=dfd, owner=owner, max_bytes=max_bytes)
+    finally:
+        os.close(dfd)
+
+
+def read_untrusted(directory: str, name: str, *, owner: int, max_bytes: int) -> bytes:
+    """The bytes of a file checked as by open_untrusted (at most max_bytes of them)."""
+    fd = open_untrusted(directory, name, owner=owner, max_bytes=max_bytes)
+    try:
+        data = _read_capped(fd, max_bytes)
+    finally:
+        os.close(fd)
+    return data
+
+
+def copy_untrusted(directory: str, name: str, dst: str, *, owner: int, max_bytes: int) -> str:
+    """Copy a file checked as by open_untrusted into a new file `dst` of ours (created exclusively; 0755 if the
+    source was executable, else 0644). Returns dst."""
+    fd = open_untrusted(directory, name, owner=owner, max_bytes=max_bytes)
+    try:
+        _copy_fd(fd, dst, max_bytes, 0o755 if os.fstat(fd).st_mode & 0o111 else 0o644)
+    finally:
+        os.close(fd)
+    return dst
+
+
+def _read_capped(fd: int, max_bytes: int | None) -> bytes:
+    chunks, total = [], 0
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if max_bytes is not None and total > max_bytes:  # it grew after the size check
+            raise UnsafeFile(f"file grew beyond {max_bytes} bytes while being read")
+        chunks.append(chunk)
+
+
+def _copy_fd(fd: int, dst: str, max_bytes: int | None, mode: int = 0o644) -> None:
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(out, mode)  # whatever the umask
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise UnsafeFile(f"file grew beyond {max_bytes} bytes while being copied")
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+    except BaseException:
+        os.close(out)
+        os.unlink(dst)
+        raise
+    os.close(out)
+
+
+def _private_dir(path: str) -> bool:
+    """Only we can add, remove or rename entries of `path` (so a file checked there stays the file renamed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _take(src: str, dst: str, *, move: bool) -> None:
+    """Put the file `src` at `dst` (in our staging dir): renamed if move and it is ours in a private directory,
+    else copied from a checked descriptor; ours and 0644/0755 either way."""
+    fd = _open_checked(src, owner=None, max_bytes=None)
+    try:
+        st = os.fstat(fd)
+        moved = False
+        if move and st.st_uid == os.geteuid() and _private_dir(os.path.dirname(os.path.abspath(src))):
+            try:
+                os.rename(src, dst)
+                moved = True
+            except OSError:  # another filesystem
+                moved = False
+            if moved:
+                got = os.lstat(dst)
+                if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # cannot happen in a private dir
+                    os.unlink(dst)
+                    raise UnsafeFile(f"refusing {src}: it changed while being published")
+        if not moved:
+            _copy_fd(fd, dst, None, 0o755 if st.st_mode & 0o111 else 0o644)
+    finally:
+        os.close(fd)
+    _own(dst)
 
 
 def _own(path: str) -> None:
-    """Make a published file ours and read-only for others (it may come from a sandbox uid's build dir)."""
+    """Make a published file ours and read-only for others."""
     if os.geteuid() == 0:
         os.chown(path, 0, 0, follow_symlinks=False)
     os.chmod(path, 0o755 if os.access(path, os.X_OK) or path.endswith(".so") else 0o644)

@@ -127,6 +127,16 @@ def _strings(value: Any, what: str) -> tuple[str, ...]:
     raise TypeError(f"{what} must be a string or a list of strings, got {type(value).__name__}")
 
 
+_STRING_TUPLES = ("cpp_sources", "cuda_sources", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",
+                  "extra_include_paths")
+_SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+
+
+def safe_file_name(name: str) -> bool:
+    """A name our build may create in its own directory: no path, no leading dot or dash."""
+    return isinstance(name, str) and _SAFE_FILE_NAME.fullmatch(name) is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class ExtensionSpec:
     """What a load_inline / load call asks to build (every argument that changes the product; not the build
@@ -149,10 +159,31 @@ class ExtensionSpec:
     n_sources: int = 0                                     # kind="files": how many of source_files are sources
 
     def __post_init__(self):
+        # Specs also come back from a file the candidate's process wrote (record.json): check every field's type.
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
             raise ValueError(f"extension name must be a valid identifier, got {self.name!r}")
         if self.kind not in ("inline", "files"):
             raise ValueError(f"kind must be 'inline' or 'files', got {self.kind!r}")
+        for field in _STRING_TUPLES:
+            value = getattr(self, field)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                raise TypeError(f"{field} must be a tuple of strings")
+        if self.functions is not None and not (isinstance(self.functions, tuple) and all(
+                isinstance(f, tuple) and len(f) == 2 and all(isinstance(x, str) for x in f) for f in self.functions)):
+            raise TypeError("functions must be None or a tuple of (name, docstring) pairs")
+        if self.with_cuda is not None and not isinstance(self.with_cuda, bool):
+            raise TypeError("with_cuda must be None or a bool")
+        for field in ("with_pytorch_error_handling", "is_python_module", "is_standalone", "no_implicit_headers"):
+            if not isinstance(getattr(self, field), bool):
+                raise TypeError(f"{field} must be a bool")
+        if not isinstance(self.source_files, tuple) or not all(isinstance(f, tuple) and len(f) == 2 and all(
+                isinstance(x, str) for x in f) for f in self.source_files):
+            raise TypeError("source_files must be a tuple of (file name, content) pairs")
+        for file_name, _ in self.source_files:
+            if not safe_file_name(file_name):
+                raise ValueError(f"source file name {file_name!r} is not a plain file name")
+        if type(self.n_sources) is not int or not 0 <= self.n_sources <= len(self.source_files):
+            raise ValueError(f"n_sources must be an int within 0..{len(self.source_files)}")
 
     @property
     def uses_cuda(self) -> bool:
@@ -231,6 +262,10 @@ def _load_signature(name, sources, extra_cflags=None, extra_cuda_cflags=None, ex
     pass
 
 
+def _optional_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
 _HEADER_EXTS = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc")
 _MAX_SIBLING_HEADER_BYTES = 1 << 20
 
@@ -247,7 +282,8 @@ def spec_from_load_inline(*args, **kwargs) -> ExtensionSpec:
         extra_cuda_cflags=_strings(a.get("extra_cuda_cflags"), "extra_cuda_cflags"),
         extra_ldflags=_strings(a.get("extra_ldflags"), "extra_ldflags"),
         extra_include_paths=_strings(a.get("extra_include_paths"), "extra_include_paths"),
-        with_cuda=a.get("with_cuda"), with_pytorch_error_handling=bool(a.get("with_pytorch_error_handling", True)),
+        with_cuda=_optional_bool(a.get("with_cuda")),
+        with_pytorch_error_handling=bool(a.get("with_pytorch_error_handling", True)),
         is_python_module=bool(a.get("is_python_module", True)),
         no_implicit_headers=bool(a.get("no_implicit_headers", False)), kind="inline")
 
@@ -262,6 +298,8 @@ def spec_from_load(*args, **kwargs) -> ExtensionSpec:
     seen = set()
     for path in sources:
         base = os.path.basename(path)
+        if not safe_file_name(base):
+            raise ValueError(f"source file name {base!r}: use letters, digits and _.+- (the evaluator copies it)")
         if base in seen:
             raise ValueError(f"two sources named {base}: the evaluator builds them in one directory")
         seen.add(base)
@@ -271,8 +309,8 @@ def spec_from_load(*args, **kwargs) -> ExtensionSpec:
     # Headers next to the sources (#include "kernel.cuh"), since the build happens elsewhere.
     for d in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in sources):
         for entry in sorted(os.scandir(d), key=lambda e: e.name):
-            if entry.name.endswith(_HEADER_EXTS) and entry.name not in seen and entry.is_file() \
-                    and entry.stat().st_size <= _MAX_SIBLING_HEADER_BYTES:
+            if entry.name.endswith(_HEADER_EXTS) and entry.name not in seen and safe_file_name(entry.name) \
+                    and entry.is_file() and entry.stat().st_size <= _MAX_SIBLING_HEADER_BYTES:
                 seen.add(entry.name)
                 with open(entry.path, encoding="utf-8", errors="replace") as f:
                     files.append((entry.name, f.read()))
@@ -281,7 +319,7 @@ def spec_from_load(*args, **kwargs) -> ExtensionSpec:
         extra_cuda_cflags=_strings(a.get("extra_cuda_cflags"), "extra_cuda_cflags"),
         extra_ldflags=_strings(a.get("extra_ldflags"), "extra_ldflags"),
         extra_include_paths=_strings(a.get("extra_include_paths"), "extra_include_paths"),
-        with_cuda=a.get("with_cuda"), is_python_module=bool(a.get("is_python_module", True)),
+        with_cuda=_optional_bool(a.get("with_cuda")), is_python_module=bool(a.get("is_python_module", True)),
         is_standalone=bool(a.get("is_standalone", False)), kind="files", source_files=tuple(files),
         n_sources=n_sources)
 

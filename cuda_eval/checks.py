@@ -4,7 +4,9 @@ Kevin's rules are the default (`StaticPolicy()`): a response scores 0 unless it 
 and builds it with `load_inline`; ModelNew.forward (and every helper it reaches) must not compute with torch
 (torch.nn modules / torch.nn.functional / torch compute functions and tensor methods, `@`), beyond allocation, views,
 dtype/device moves, Parameters and containers; no try/except fallbacks; no use of the reference `Model`. We add what
-KernelBench's users found: assignments that monkeypatch torch/time/builtins, and threads (Python or C++).
+KernelBench's users found: assignments that monkeypatch torch/time/builtins, threads (Python or C++), and native
+escapes (C++ that reaches the loader, threads, processes or raw syscalls: dlsym/dlopen, pthread_create, clone, fork,
+exec*, system/popen, syscall; Python that forks, execs or loads C through ctypes/cffi).
 
 The dynamic checks in worker.py catch what static analysis cannot (ops reached through helpers we cannot resolve,
 C++ wrappers calling ATen, kernels never launched); these static flags are cheap and let the evaluator skip the GPU.
@@ -40,6 +42,8 @@ FLAG_CODES: dict[str, str] = {
     "reference_model": "uses or subclasses the reference Model",
     "monkeypatch": "replaces torch/time/builtin functions",
     "thread": "starts threads (Python threading or C++ threads)",
+    "native_escape": "reaches the dynamic loader, threads, processes or raw syscalls natively (dlsym/dlopen, "
+                     "pthread_create, clone, fork/exec, system/popen, syscall, ctypes), around the other checks",
     # dynamic (worker.py)
     "no_custom_kernel": "forward never ran the candidate's own kernel",
     "torch_compute_in_forward": "forward ran PyTorch compute ops from Python",
@@ -56,6 +60,9 @@ FLAG_CODES: dict[str, str] = {
     "background_thread": "threads left running after forward",
     "calls_reference_model": "forward executed the reference Model's code",
     "speedup_not_reproduced": "the speedup did not hold when re-timed in a fresh process",
+    # judge (judge.py)
+    "timing_inconsistent": "a timed loop took longer on the judge's clock than the reported times account for",
+    "timed_output_mismatch": "the output of the last timed call was wrong (the timed calls did not compute it)",
 }
 
 # torch.<name>(...) calls that allocate, describe or move data rather than compute on it.
@@ -95,6 +102,25 @@ _PROTECTED_MODULES = ("torch", "time", "builtins", "sys", "threading", "os", "gc
                       "timeit", "importlib")
 _THREAD_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "asyncio")
 _CPP_THREAD_PATTERN = re.compile(r"std::thread\b|std::jthread\b|pthread_create\b|std::async\b|#\s*include\s*<thread>")
+# Native escapes in C++/CUDA sources. Distinctive names count wherever they appear, comments included (a function
+# pointer taken with `auto f = dlsym;` calls it just as well, and asm("syscall") is a string); common words only as a
+# call or an address (`fork(`, `&system`) outside comments. Member and qualified calls (`x.clone()`, `at::clone(`)
+# are not these functions; `std::` and global `::` ones are.
+_NATIVE_QUALIFIED = r"(?<![\w.:>])(?:(?:std)?\s*::\s*)?\b"
+_NATIVE_RARE_PATTERN = re.compile(
+    _NATIVE_QUALIFIED + r"(dlsym|dlvsym|dlopen|dlmopen|pthread_create|clone3|__clone|vfork|execve|execveat|fexecve|"
+    r"execvpe|posix_spawnp?|syscall|sysenter)\b"
+    r"|#\s*include\s*<(dlfcn\.h|spawn\.h|sys/syscall\.h)>"
+    r"|\bint\s+\$?0x80\b")
+_NATIVE_COMMON = "clone|fork|system|popen|execv|execvp|execl|execlp|execle"
+_NATIVE_COMMON_PATTERN = re.compile(
+    _NATIVE_QUALIFIED + r"(" + _NATIVE_COMMON + r")\s*\(|&\s*(?:(?:std)?\s*::\s*)?\b(" + _NATIVE_COMMON + r")\b")
+# C/C++ comments and string/character literals (matched together, so that "//" inside a string is no comment): for
+# the common words, neither holds a call.
+_CPP_COMMENT_OR_LITERAL = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|//[^\n]*|/\*.*?\*/', re.S)
+# Python modules that load C or start processes, and os functions that fork or exec.
+_NATIVE_PY_MODULES = ("ctypes", "_ctypes", "cffi", "subprocess", "_posixsubprocess", "pty")
+_NATIVE_PY_CALLS = re.compile(r"^(os|posix)\.(fork|forkpty|vfork|system|popen|exec\w*|spawn\w*|posix_spawn\w*)$")
 _GLOBAL_PATTERN = re.compile(r"\b__global__\b")
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
 _KERNEL_NAME = re.compile(r"\b__global__\b[^;{}()]*?\b([A-Za-z_]\w*)\s*(?:<[^;{}()]*>)?\s*\(")
@@ -110,6 +136,7 @@ class StaticPolicy:
     forbid_reference_model: bool = True    # no `Model` (subclassing, calling, importing)
     forbid_monkeypatch: bool = True        # no assignment to attributes of torch/time/builtins/... or sys.modules
     forbid_threads: bool = True            # no threading/multiprocessing/asyncio imports, no C++ threads
+    forbid_native_escape: bool = True      # no dlsym/pthread_create/clone/fork/exec/system/syscall, ctypes, os.fork
 
     @classmethod
     def named(cls, name: str) -> "StaticPolicy":
@@ -178,6 +205,8 @@ class _Checker:
             self._check_monkeypatch()
         if p.forbid_threads:
             self._check_threads()
+        if p.forbid_native_escape:
+            self._check_native_escape()
         if p.forbid_torch_in_forward and self.model_new is not None:
             self._check_forward()
         return self.flags
@@ -261,6 +290,35 @@ class _Checker:
             if m:
                 self.flag("thread", f"C++ source starts threads ({m.group(0).strip()})")
                 break
+
+    def _check_native_escape(self) -> None:
+        for s in self.strings:
+            m = _NATIVE_RARE_PATTERN.search(s) or _NATIVE_COMMON_PATTERN.search(
+                _CPP_COMMENT_OR_LITERAL.sub(" ", s))
+            if m:
+                what = next((g for g in m.groups() if g), m.group(0).strip())
+                self.flag("native_escape", f"C++ source uses {what}")
+                break
+        for node in ast.walk(self.tree):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            elif isinstance(node, ast.Call):
+                path = self._resolve(node.func) or ""
+                if path in ("__import__", "importlib.import_module") and node.args and isinstance(
+                        node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                    mods = [node.args[0].value]
+                elif _NATIVE_PY_CALLS.match(path):
+                    self.flag("native_escape", f"line {node.lineno} calls {path}")
+            for mod in mods:
+                if mod.split(".")[0] in _NATIVE_PY_MODULES:
+                    self.flag("native_escape", f"line {node.lineno} imports {mod}")
+            if isinstance(node, ast.ImportFrom) and node.module in ("os", "posix"):
+                for a in node.names:
+                    if _NATIVE_PY_CALLS.match(f"os.{a.name}"):
+                        self.flag("native_escape", f"line {node.lineno} imports os.{a.name}")
 
     def _check_forward(self) -> None:
         methods = {n.name: n for n in self.model_new.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}

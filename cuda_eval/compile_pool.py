@@ -26,18 +26,20 @@ import tempfile
 import threading
 import time
 
+from cuda_eval import flag_policy
 from cuda_eval import sandbox as sb
 from cuda_eval import toolchain as tcmod
-from cuda_eval.build import Builder, BuildConfig, BuildResult, PchStore, pch_flags
-from cuda_eval.cache import BuildCache
+from cuda_eval.build import COMPILE_NICE, Builder, BuildConfig, BuildResult, PchStore, pch_flags
+from cuda_eval.cache import BuildCache, UnsafeFile, read_untrusted
 from cuda_eval.candidate import BuiltModule, ExtensionSpec, speculate_specs
 from cuda_eval.sandbox_runtime import world_readable
 
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1  # bump when record.py changes what it records
-ERROR_KINDS = ("syntax", "no_model_new", "no_load_inline", "record_error", "record_timeout", "compile_error",
-               "compile_timeout", "sandbox_killed")
+ERROR_KINDS = ("syntax", "no_model_new", "no_load_inline", "record_error", "record_timeout", "flag_rejected",
+               "compile_error", "compile_timeout", "sandbox_killed")
+MAX_RECORD_BYTES = 16 << 20  # record.json is written by the candidate's process: read at most this much of it
 
 
 def default_cache_dir() -> str:
@@ -51,6 +53,7 @@ class CompileConfig:
     arch: str = "auto"                           # "auto" (the GPU's, else sm_90) | "sm_90" | "9.0" ...
     cache_dir: str = ""                          # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache
     cache_max_bytes: int = 20 << 30              # built .so and object files (LRU beyond this)
+    record_cache_max_bytes: int = 1 << 30        # recorded specs of programs seen before (root-only store)
     pch_max_bytes: int = 8 << 30                 # precompiled headers (~800 MB each)
     work_root: str = ""                          # "" = <tmp>/cuda_eval_work; scratch dirs, removed after each job
     record_timeout_s: float = 60.0               # running the candidate on the CPU to record its builds
@@ -118,6 +121,9 @@ class CompilePool:
         os.makedirs(self.work_root, exist_ok=True)
         os.chmod(self.work_root, 0o711)  # sandbox uids reach their own dirs, cannot list others'
         self.cache = BuildCache(os.path.join(self.cache_dir, "builds"), config.cache_max_bytes)
+        # Recorded specs hold candidates' sources: a store only we can read (the builds cache is sandbox-readable).
+        self.records = BuildCache(os.path.join(self.cache_dir, "records"), config.record_cache_max_bytes,
+                                  private=True)
         if sb.identity_mode() == "dedicated" and not world_readable(self.cache.root):
             raise ValueError(f"cache_dir {self.cache_dir} is not readable by the sandbox uids (an ancestor lacks "
                              "o+x, e.g. /root): use a directory like /var/tmp/cuda_eval_cache")
@@ -192,6 +198,13 @@ class CompilePool:
             if specs is None:
                 return outcome
             outcome.specs = [s.to_dict() for s in specs]
+            for spec in specs:  # before any build: refused flags never reach a compiler
+                rejected = flag_policy.rejection(spec, self.toolchain.arch)
+                if rejected:
+                    header = f"extension {spec.name!r}: " if len(specs) > 1 else ""
+                    outcome.error_kind, outcome.log = "flag_rejected", (header + rejected)[:cfg.max_log_chars]
+                    outcome.timings.update(modules=[], speculated=len(speculated), build_s=0.0)
+                    return outcome
             deadline = time.monotonic() + cfg.compile_timeout_s
             module_timings = []
             for i, spec in enumerate(specs):
@@ -226,7 +239,7 @@ class CompilePool:
                                          "toolchain": self.toolchain.ident()}).encode()).hexdigest()
         mine: concurrent.futures.Future | None = None
         while True:
-            entry = self.cache.lookup(key, required=("record.json",))
+            entry = self.records.lookup(key, required=("record.json",))
             if entry is not None:
                 with open(entry.file("record.json")) as f:
                     specs = [ExtensionSpec.from_dict(d) for d in json.load(f)]
@@ -247,7 +260,7 @@ class CompilePool:
                 with open(path, "w") as f:
                     json.dump([sp.to_dict() for sp in specs], f)
                 try:
-                    self.cache.publish(key, {"record.json": path}, {"kind": "record"}, move=True)
+                    self.records.publish(key, {"record.json": path}, {"kind": "record"}, move=True)
                 except (OSError, ValueError):
                     pass  # an optimisation only
             return specs
@@ -262,27 +275,24 @@ class CompilePool:
         cfg = self.config
         rec_dir = os.path.join(job_dir, "record")
         os.makedirs(rec_dir)
-        from cuda_eval.record import CANDIDATE_FILE, RECORD_FILE, TASK_FILE
+        from cuda_eval.record import CANDIDATE_FILE, TASK_FILE
         for name, text in ((TASK_FILE, task_source), (CANDIDATE_FILE, code)):
             with open(os.path.join(rec_dir, name), "w") as f:
                 f.write(text)
         limits = sb.SandboxLimits(address_space_bytes=cfg.record_address_space_bytes,
                                   cpu_seconds=int(cfg.record_timeout_s) + 5, open_files=256,
                                   file_size_bytes=64 << 20, processes=cfg.record_processes,
-                                  wall_timeout_s=cfg.record_timeout_s, output_cap_bytes=64 << 10)
+                                  wall_timeout_s=cfg.record_timeout_s, output_cap_bytes=64 << 10,
+                                  nice=COMPILE_NICE)
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": os.path.join(rec_dir, "torch_extensions")}
         res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.record", rec_dir], rec_dir, limits, extra_env=env)
         outcome.timings["record_s"] = round(res["wall_s"], 4)
         outcome.timings["record_cpu_s"] = round(res["cpu_s"], 4)
-        record = None
+        owner = res.get("uid") if res.get("uid") is not None else os.geteuid()
         try:
-            with open(os.path.join(rec_dir, RECORD_FILE)) as f:
-                record = json.load(f)
-            specs = [ExtensionSpec.from_dict(d) for d in record.get("specs", [])]
-        except FileNotFoundError:
-            specs = []
-        except (OSError, ValueError, TypeError, AttributeError) as e:
+            record, specs = read_record(rec_dir, owner)
+        except RecordCorrupted as e:
             outcome.error_kind, outcome.log = "record_error", f"the program corrupted its record ({e})"
             return None
         ended = sb.describe(res, limits)
@@ -296,7 +306,8 @@ class CompilePool:
             unique = list({s.key(): s for s in specs}.values())
             return unique
         if record is not None and record.get("done"):
-            outcome.error_kind = record.get("error_kind") or "no_load_inline"
+            kind = record.get("error_kind")
+            outcome.error_kind = kind if kind in ("record_error", "no_load_inline") else "no_load_inline"
             outcome.log = str(record.get("error", ""))[:cfg.max_log_chars]
             return None
         # It never finished and recorded nothing.
@@ -308,10 +319,12 @@ class CompilePool:
             outcome.error_kind = "sandbox_killed"
             tail = (res["stderr"] or b"").decode("utf-8", "replace").strip()[-1500:]
             outcome.log = f"the program {ended} while being imported" + (f":\n{tail}" if tail else "")
-        phases = (record or {}).get("phases", {})
-        if phases.get("import") and not phases["import"].get("ok"):
+        phases = (record or {}).get("phases")
+        imp = phases.get("import") if isinstance(phases, dict) else None
+        if isinstance(imp, dict) and not imp.get("ok"):
             outcome.error_kind = "record_error"
-            outcome.log = f"the program raised before building any extension:\n{phases['import'].get('error')}"
+            outcome.log = f"the program raised before building any extension:\n{str(imp.get('error'))}"[
+                :cfg.max_log_chars]
         return None
 
     def _module(self, spec: ExtensionSpec, build_dir: str, deadline: float, speculated: frozenset = frozenset()
@@ -369,6 +382,8 @@ class CompilePool:
         started = set()
         deadline = time.monotonic() + self.config.compile_timeout_s
         for spec in speculate_specs(code):
+            if flag_policy.rejection(spec, self.toolchain.arch):
+                continue  # the recorded spec will get the verdict; nothing of it is built
             key = self.builder.cache_key(spec)
             if key in started or self.cache.lookup(key, required=(_so_name(spec),)) is not None:
                 continue
@@ -379,6 +394,34 @@ class CompilePool:
                                          remove_dir=True)
                 started.add(key)
         return frozenset(started)
+
+
+class RecordCorrupted(ValueError):
+    """record.json is not what cuda_eval.record writes (tampered with by the program, or unreadable)."""
+
+
+def read_record(rec_dir: str, owner: int) -> tuple[dict | None, list[ExtensionSpec]]:
+    """(record, specs) of <rec_dir>/record.json, a file the candidate's process wrote and may have replaced: read
+    through a checked descriptor (a regular file with one link, owned by `owner`, at most MAX_RECORD_BYTES) and
+    parsed as untrusted data. (None, []) if there is none; RecordCorrupted for anything else unexpected."""
+    from cuda_eval.record import RECORD_FILE
+    try:
+        data = read_untrusted(rec_dir, RECORD_FILE, owner=owner, max_bytes=MAX_RECORD_BYTES)
+    except FileNotFoundError:
+        return None, []
+    except (OSError, UnsafeFile) as e:
+        raise RecordCorrupted(str(e)) from None
+    try:
+        record = json.loads(data)
+        if not isinstance(record, dict):
+            raise TypeError("not a JSON object")
+        raw_specs = record.get("specs", [])
+        if not isinstance(raw_specs, list) or not all(isinstance(d, dict) for d in raw_specs):
+            raise TypeError("specs is not a list of objects")
+        specs = [ExtensionSpec.from_dict(d) for d in raw_specs]
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as e:
+        raise RecordCorrupted(f"{type(e).__name__}: {str(e)[:200]}") from None
+    return record, specs
 
 
 def _so_name(spec: ExtensionSpec) -> str:

@@ -1,6 +1,7 @@
 """The short text shown to the model after each attempt (Kevin-style: one branch per outcome).
 
-Branches, first match wins: format error; rejected before running (static flags); compile error (trimmed log);
+Branches, first match wins: format error; rejected before running (static flags); compiler flags refused (the
+allow-list's message); compile error (trimmed log);
 runtime error (crash, timeout, exception); reference failure (not the model's fault); incorrect (which trial, max
 abs/rel error, shape/dtype mismatch); correct but rejected (dynamic flags); compiled only (no GPU); correct with its
 timing and speedup.
@@ -29,6 +30,10 @@ def render(result: Any, max_chars: int = 3000) -> str:
     if r.hack_flags and r.compiled is None and r.correct is None:
         return _trim("Your kernel was rejected without being run, for these reasons:\n" + _flags_text(r.hack_flags)
                      + "\nWrite the computation as your own CUDA kernels, called from ModelNew.forward.", max_chars)
+    if r.compiled is False and (r.meta or {}).get("compile_error_kind") == "flag_rejected":
+        return _trim("Your program was not compiled: it passes a compiler or linker option this evaluator does not "
+                     f"allow.\n{r.compile_log}\nRemove that option (extra_cflags, extra_cuda_cflags, extra_ldflags, "
+                     "extra_include_paths) or use only allowed ones.", max_chars)
     if r.compiled is False:
         return _trim("Your kernel failed to compile:\n" + (r.compile_log or "(no compiler output)"), max_chars)
     if r.meta.get("reference_error"):

@@ -28,6 +28,8 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
+from cuda_eval import flag_policy
+
 # Bump when build.py changes what it produces for the same inputs (it addresses the cache).
 RECIPE_VERSION = "2"
 DEFAULT_ARCH = "sm_90"
@@ -89,10 +91,13 @@ class Toolchain:
     def flags(self, name: str, *, with_cuda: bool, extra_cflags: Sequence[str] = (),
               extra_cuda_cflags: Sequence[str] = (), extra_ldflags: Sequence[str] = (),
               extra_include_paths: Sequence[str] = ()) -> dict[str, list[str]]:
-        """cflags (g++), cuda_cflags (nvcc) and ldflags exactly as torch's load_inline would use them."""
+        """cflags (g++), cuda_cflags (nvcc) and ldflags as torch's load_inline would use them. The candidate's
+        flags must pass the allow-list (flag_policy.FlagRejected, a ValueError, otherwise); blank include paths
+        are dropped (torch would add the current directory)."""
+        flag_policy.check(extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, target_arch=self.arch)
         extra_cflags, extra_cuda_cflags, extra_ldflags = (_shell_words(f) for f in (extra_cflags, extra_cuda_cflags,
                                                                                     extra_ldflags))
-        includes = [os.path.abspath(p.strip()) for p in extra_include_paths]
+        includes = [os.path.abspath(p.strip()) for p in extra_include_paths if p.strip()]
         user_arch = any("arch" in f for f in extra_cuda_cflags if "TORCH_EXTENSION_NAME" not in f)
         user_std = any(f.startswith("-std=") for f in extra_cuda_cflags)
         t = self.templates[f"{int(with_cuda)}/{int(user_arch)}/{int(user_std)}"]
@@ -122,13 +127,7 @@ class Toolchain:
         return [f for f in ldflags if not (f.startswith("-l") and f[2:] in self.missing_torch_libs)]
 
 
-def _shell_words(flags: Sequence[str]) -> list[str]:
-    """torch joins user flags into the ninja file, whose commands run through /bin/sh: an empty flag vanishes and
-    "-O3 --use_fast_math" is two flags. Mirror that."""
-    try:
-        return shlex.split(" ".join(f.strip() for f in flags))
-    except ValueError as e:  # unbalanced quotes: the shell would fail too
-        raise ValueError(f"cannot parse compiler flags {list(flags)!r}: {e}") from None
+_shell_words = flag_policy.shell_words
 
 
 # --- detection --------------------------------------------------------------------------------------------------

@@ -149,10 +149,11 @@ PYBIND11_MODULE(_native, m) {
       [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
          std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
          std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
-         bool sweep_uid, bool new_netns) {
+         bool sweep_uid, bool new_netns, int nice) {
         SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
-        o.die_with_parent_thread = true;
-        o.new_netns = new_netns;  // this thread waits for the child, so it outlives it
+        o.die_with_parent_thread = true;  // this thread waits for the child, so it outlives it
+        o.new_netns = new_netns;
+        o.nice = nice;
         double t = timeout_value(timeout_s);
         std::optional<std::string> input;
         if (stdin_data) input = std::string(*stdin_data);
@@ -165,7 +166,7 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("argv"), py::kw_only(), py::arg("env"), py::arg("cwd"), py::arg("timeout_s"), py::arg("limits"),
       py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
-      py::arg("gid") = py::none(), py::arg("sweep_uid") = true, py::arg("new_netns") = false,
+      py::arg("gid") = py::none(), py::arg("sweep_uid") = true, py::arg("new_netns") = false, py::arg("nice") = 0,
       "Run argv in a new session with rlimits (dict of Limits fields; None = inherit), env (the whole environment), "
       "cwd, an optional uid/gid. Kills the whole group (and the uid's processes) at timeout_s. Releases the GIL. "
       "Returns dict(exit_code, signal, timed_out, wall_s, cpu_s, peak_rss_bytes, stdout, stderr, stdout_truncated, "
@@ -189,11 +190,12 @@ PYBIND11_MODULE(_native, m) {
       [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
          std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
          std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
-         bool sweep_uid, bool die_with_parent_thread, const std::vector<int>& pass_fds, bool new_netns) {
+         bool sweep_uid, bool die_with_parent_thread, const std::vector<int>& pass_fds, bool new_netns, int nice) {
         SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
         o.pipe_stdin = true;
         o.pass_fds = pass_fds;
         o.new_netns = new_netns;
+        o.nice = nice;
         o.die_with_parent_thread = die_with_parent_thread;
         o.lifetime_s = timeout_value(timeout_s);
         std::unique_ptr<Child> child;
@@ -208,10 +210,10 @@ PYBIND11_MODULE(_native, m) {
       py::arg("argv"), py::kw_only(), py::arg("env"), py::arg("cwd"), py::arg("timeout_s") = py::none(),
       py::arg("limits"), py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
       py::arg("gid") = py::none(), py::arg("sweep_uid") = true, py::arg("die_with_parent_thread") = false,
-      py::arg("pass_fds") = std::vector<int>(), py::arg("new_netns") = false,
+      py::arg("pass_fds") = std::vector<int>(), py::arg("new_netns") = false, py::arg("nice") = 0,
       "Like run() but returns a Process at once (stdin is a pipe). pass_fds: our descriptors, handed over as the "
       "child's 3, 4, ... (every other one is closed). new_netns: the child gets an empty network namespace "
-      "(needs CAP_SYS_ADMIN; fails to start otherwise). timeout_s here caps the child's whole lifetime "
+      "(needs CAP_SYS_ADMIN; fails to start otherwise). nice: 0..19, a lower CPU priority for the child. timeout_s here caps the child's whole lifetime "
       "(None: no cap); Process.wait(timeout_s) adds a per-wait limit. The cap and the waits are enforced by this "
       "process: die_with_parent_thread=True (PR_SET_PDEATHSIG) kills the child when the calling thread ends, "
       "process death included; only for callers whose thread outlives the child.");

@@ -60,8 +60,9 @@ struct ChildError {
   int err;   // errno
 };
 const char* const kChildSteps[] = {"setsid", "dup2", "chdir", "setrlimit", "setgroups", "setresgid", "setresuid",
-                                   "prctl", "execve", "unshare(CLONE_NEWNET)"};
-enum ChildStep { kSetsid, kDup2, kChdir, kSetrlimit, kSetgroups, kSetgid, kSetuid, kPrctl, kExecve, kUnshareNet };
+                                   "prctl", "execve", "unshare(CLONE_NEWNET)", "setpriority"};
+enum ChildStep { kSetsid, kDup2, kChdir, kSetrlimit, kSetgroups, kSetgid, kSetuid, kPrctl, kExecve, kUnshareNet,
+                 kSetpriority };
 
 // Everything the child needs, prepared by the parent.
 struct ChildPlan {
@@ -81,6 +82,7 @@ struct ChildPlan {
   int pass_fds[kMaxPassFds];
   int n_pass;
   bool new_netns;
+  int nice;
 };
 
 [[noreturn]] void child_fail(const ChildPlan* plan, int step) {
@@ -123,6 +125,7 @@ int child_main(void* arg) {
   if (plan->cwd[0] && chdir(plan->cwd) != 0) child_fail(plan, kChdir);
   // No network: a namespace of its own with only a loopback interface, which is down (before dropping privileges).
   if (plan->new_netns && syscall(SYS_unshare, CLONE_NEWNET) != 0) child_fail(plan, kUnshareNet);
+  if (plan->nice > 0 && syscall(SYS_setpriority, PRIO_PROCESS, 0, plan->nice) != 0) child_fail(plan, kSetpriority);
   for (int i = 0; i < plan->n_limits; ++i) {
     rlimit r;
     r.rlim_cur = r.rlim_max = static_cast<rlim_t>(plan->limits[i].value);
@@ -343,6 +346,7 @@ std::unique_ptr<Child> Child::start(const SpawnOptions& options) {
     plan.pass_fds[plan.n_pass++] = fd;
   }
   plan.new_netns = options.new_netns;
+  plan.nice = std::max(0, std::min(19, options.nice));
 
   child->start_time_ = now_s();
   if (options.lifetime_s >= 0) child->lifetime_deadline_ = child->start_time_ + options.lifetime_s;

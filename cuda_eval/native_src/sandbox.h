@@ -42,6 +42,7 @@ struct SpawnOptions {
                                          // for several concurrent children sharing one uid, swept by the caller)
   std::vector<int> pass_fds;             // our descriptors to hand over, as the child's fds 3, 4, ... (in order)
   bool new_netns = false;                // a new, empty network namespace (loopback down): needs CAP_SYS_ADMIN
+  int nice = 0;                          // > 0: lower CPU priority (compiles yield to the GPU job's host threads)
 };
 constexpr int kMaxPassFds = 8;
 

@@ -237,3 +237,25 @@ def test_runtime_builder_builds_unseen_specs_and_reports_failures(toolchain, san
     bad = TINY_CU.replace("return n + 1;", "return n + undefined_thing;")
     with pytest.raises(bd.BuildError, match="undefined_thing"):
         rb(tiny_spec("rt_bad", bad))
+
+
+@pytest.mark.nvcc
+def test_sources_stay_ours_and_the_product_is_a_copy(toolchain, sandbox_tmp):
+    """src/ (generated sources) is ours and read-only for the sandbox, the compilers write into out/, and the .so
+    the build returns is our copy of what they linked (a real g++-only build, no torch headers)."""
+    import stat
+    cpp = "#include <pybind11/pybind11.h>\nint two() { return 2; }\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) " \
+          "{ m.def(\"two\", &two); }\n"
+    spec = spec_from_load_inline(name="layout", cpp_sources=cpp, no_implicit_headers=True, with_cuda=False)
+    result = Builder(toolchain, None, config=BuildConfig(use_pch=False)).build(spec, str(sandbox_tmp / "b"), 300)
+    assert result.ok, result.raw_log
+    root = sandbox_tmp / "b"
+    assert sorted(os.listdir(root)) == ["out", "product", "src"]
+    for d in ("src", "product"):
+        st = os.lstat(root / d)
+        assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755
+    assert os.listdir(root / "src") == ["main.cpp"] and os.lstat(root / "src" / "main.cpp").st_uid == os.geteuid()
+    assert result.so_path == str(root / "product" / "layout.so")
+    assert open(result.so_path, "rb").read() == (root / "out" / "layout.so").read_bytes()
+    assert os.stat(result.so_path).st_ino != os.stat(root / "out" / "layout.so").st_ino
+    assert import_extension("layout", result.so_path).two() == 2

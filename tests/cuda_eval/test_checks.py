@@ -170,3 +170,61 @@ def test_cuda_kernel_names():
 def test_never_raises(text):
     static_check(text)
     static_check("class ModelNew:\n    def forward(self, x):\n        " + text.replace("\n", " "))
+
+
+def _with_cpp(body: str, header: str = "") -> str:
+    return program("return ext.relu(x)", header=header).replace(
+        "torch::Tensor relu(torch::Tensor x) { return x; }", body)
+
+
+@pytest.mark.parametrize("body", [
+    'void* f = dlsym(RTLD_DEFAULT, "pthread_" "create");',
+    "auto start = &pthread_create;",
+    'std::system("sh");',
+    "::syscall(56, 0, 0);",
+    "long r = syscall(SYS_clone3, 0, 0);",
+    "pid_t p = fork();",
+    "auto f = &fork;",
+    "execve(path, argv, envp);",
+    'void* h = dlopen("libc.so.6", 2);',
+    "#include <dlfcn.h>\nint k;",
+    'asm volatile("syscall");',
+    'asm volatile("int $0x80");',
+    "clone(fn, stack, 0, nullptr);",
+    'const char* s = "//"; pid_t p = fork();',
+    'FILE* p = popen("id", "r");',
+])
+def test_native_escapes_in_cpp_are_flagged(body):
+    assert "native_escape" in codes(_with_cpp(body))
+    assert "native_escape" in codes(_with_cpp(body), StaticPolicy.named("cpu"))
+    assert "native_escape" not in codes(_with_cpp(body), StaticPolicy.named("off"))
+
+
+@pytest.mark.parametrize("body", [
+    "auto y = x.clone(); return y;",
+    "return at::clone(x);",
+    "auto p = x->clone();",
+    "// the fork check, the memory system (L2)\n/* clone (a copy) */ return x;",
+    'const char* s = "fork(";\nreturn x;',
+    "int forked = 0; int system_id = 1; return x;",
+])
+def test_honest_cpp_idioms_are_not_native_escapes(body):
+    assert "native_escape" not in codes(_with_cpp(body))
+
+
+@pytest.mark.parametrize("header", [
+    "import ctypes\n",
+    "from ctypes import CDLL\n",
+    "import subprocess\n",
+    "import os\nos.fork()\n",
+    "import os\nos.system('id')\n",
+    "from os import execv\n",
+    "sp = __import__('subprocess')\n",
+])
+def test_native_escapes_in_python_are_flagged(header):
+    assert "native_escape" in codes(program("return ext.relu(x)", header=header))
+
+
+def test_python_os_use_that_is_not_an_escape():
+    header = "import os\nimport os.path\np = os.path.join('a', 'b')\nn = os.cpu_count()\ne = os.environ.get('X')\n"
+    assert codes(program("return ext.relu(x)", header=header)) == set()

@@ -72,3 +72,11 @@ def test_correct_with_speedup():
     slow = render(result(compiled=True, correct=True, trials=[{"passed": True}] * 5, speedup=0.5,
                          timing={"median_ms": 0.6}, ref_timing={"median_ms": 0.3}))
     assert "slower than the reference" in slow
+
+
+def test_refused_compiler_flag_says_which_and_what_is_allowed():
+    log = ("compiler flag '-wrapper' in extra_cflags is not allowed here: it runs a program of your choosing around "
+           "every compiler step; allowed: -O0..-O3/-Os/-Ofast, ...")
+    text = render(result(compiled=False, compile_log=log, meta={"compile_error_kind": "flag_rejected"}))
+    assert "not compiled" in text and "'-wrapper'" in text and "allowed: -O0..-O3" in text
+    assert "failed to compile" not in text

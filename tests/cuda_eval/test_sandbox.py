@@ -1,8 +1,12 @@
 """The sandboxed runner (cuda_eval._native + cuda_eval.sandbox) against real misbehaving programs."""
 import os
+import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -52,7 +56,8 @@ def test_environment_is_an_allow_list(sandbox_tmp, monkeypatch):
 
 def test_output_is_capped_and_the_rest_drained(sandbox_tmp):
     t0 = time.monotonic()
-    res = run(sandbox_tmp, "import sys\nfor _ in range(200): sys.stdout.write('x' * 65536)\nprint('done', file=sys.stderr)")
+    res = run(sandbox_tmp,
+              "import sys\nfor _ in range(200): sys.stdout.write('x' * 65536)\nprint('done', file=sys.stderr)")
     assert res["exit_code"] == 0
     assert len(res["stdout"]) == LIMITS.output_cap_bytes and res["stdout_truncated"]
     assert res["stderr"] == b"done\n" and not res["stderr_truncated"]
@@ -271,3 +276,220 @@ def test_cuda_timer_rejects_a_missing_library():
     timer = _native.CudaTimer("/nonexistent/libcudart.so")
     with pytest.raises(RuntimeError, match="cannot load libcudart"):
         timer.time(lambda: None, warmup=0, reps=1)
+
+
+# --- fail closed ------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: not root, our own uid is the sandbox identity")
+def test_running_candidates_as_root_is_refused(sandbox_tmp, monkeypatch):
+    monkeypatch.setattr(sb.IDENTITY, "mode", "same")
+    with pytest.raises(sb.SandboxUnavailable, match="refused as root"):
+        run(sandbox_tmp, "open('ran', 'w')")
+    with pytest.raises(sb.SandboxUnavailable):
+        sb.identity_mode()
+    assert not (sandbox_tmp / "work" / "ran").exists()
+
+
+UNUSABLE_UID = """
+import os, sys
+from cuda_eval import sandbox as sb
+try:
+    res = sb.run_sandboxed([sys.executable, "-c", "open('ran', 'w')"], {work!r}, sb.SandboxLimits(wall_timeout_s=30))
+    print("RAN", res["uid"], res["stderr"][-500:])
+except sb.SandboxUnavailable as e:
+    print("UNAVAILABLE", e)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only")
+def test_an_unusable_sandbox_uid_fails_closed_with_the_fix_in_the_message(sandbox_tmp):
+    """A checkout in a private folder must be staged for the sandbox uid; when that cannot be done (here: the runtime
+    dir belongs to someone else) nothing runs, as root or otherwise, and the error says what and how."""
+    private = sandbox_tmp / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)
+    shutil.copytree(os.path.dirname(sb.__file__), private / "cuda_eval",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    foreign = sandbox_tmp / "runtime"
+    foreign.mkdir()
+    os.chown(foreign, 60999, 60999)
+    work = sandbox_tmp / "work"
+    env = {**os.environ, "PYTHONPATH": str(private), "CUDA_EVAL_SANDBOX_RUNTIME_DIR": str(foreign)}
+    out = subprocess.run([sys.executable, "-c", UNUSABLE_UID.format(work=str(work))], capture_output=True, text=True,
+                         env=env, cwd=str(sandbox_tmp), timeout=120)
+    assert out.stdout.startswith("UNAVAILABLE"), out.stdout + out.stderr[-2000:]
+    assert f"{private} (mode 0700) lacks o+x" in out.stdout
+    assert "CUDA_EVAL_SANDBOX_RUNTIME_DIR" in out.stdout and "never run as root" in out.stdout
+    assert not (work / "ran").exists()
+
+
+# --- network, descriptors --------------------------------------------------------------------------------------
+CONNECT = """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+    print("connected")
+except OSError as e:
+    print("blocked", e)
+"""
+
+
+@needs_dedicated
+def test_no_network_for_sandboxed_processes(sandbox_tmp):
+    info = sb.isolation()
+    if info["network"] != "isolated":
+        pytest.skip(f"no network namespace here: {info['network_note']}")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        code = CONNECT.format(port=port)
+        res = run(sandbox_tmp, code)
+        assert res["stdout"].startswith(b"blocked"), res
+        p = sb.spawn_sandboxed(py(code), str(sandbox_tmp / "spawned"), LIMITS)
+        assert p.wait(30)["stdout"].startswith(b"blocked")
+        # The control: the same uid without a namespace of its own reaches the listener.
+        with sb.SandboxSession(str(sandbox_tmp / "control")) as session:
+            assert session.network_isolated
+            argv, kwargs = session._kwargs(py(code), LIMITS, None, None)
+            kwargs["new_netns"] = False
+            res = _native.run(argv, timeout_s=30, **kwargs)
+        assert res["stdout"] == b"connected\n", res
+    finally:
+        listener.close()
+
+
+FD_PROBE = """
+import os, socket
+leaked = []
+for fd in range(4, 1024):
+    try:
+        os.fstat(fd)
+        leaked.append(fd)
+    except OSError:
+        pass
+s = socket.socket(fileno=3)
+s.sendall(("hello %r" % leaked).encode())
+"""
+
+
+def test_pass_fds_arrive_as_fd_3_and_nothing_else_leaks(sandbox_tmp):
+    ours, theirs = socket.socketpair()
+    decoy = open(sandbox_tmp / "decoy", "w")  # an fd of ours that must not be inherited
+    try:
+        os.set_inheritable(decoy.fileno(), True)
+        p = sb.spawn_sandboxed(py(FD_PROBE), str(sandbox_tmp / "w"), LIMITS, pass_fds=[theirs.fileno()])
+        theirs.close()
+        ours.settimeout(30)
+        got = ours.recv(4096)
+        res = p.wait(30)
+    finally:
+        ours.close()
+        decoy.close()
+    assert res["exit_code"] == 0, res["stderr"][-2000:]
+    assert got == b"hello []"
+
+
+# --- world-writable dirs -----------------------------------------------------------------------------------------
+def test_world_writable_dirs_are_discovered():
+    dirs = sb.world_writable_dirs()
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue", "/run/shm"):
+        if os.path.isdir(d) and os.stat(d).st_mode & stat.S_IWOTH:
+            assert os.path.realpath(d) in dirs, d
+    assert len(dirs) == len(set(dirs))
+
+
+@needs_dedicated
+def test_every_world_writable_place_is_swept(sandbox_tmp):
+    """Files the uid leaves in any world-writable dir are removed with its lease, also inside a world-writable dir
+    that someone else owns (here: one the test makes in /tmp, with a nested one), and only the uid's own."""
+    shared = tempfile.mkdtemp(prefix="cuda_eval_test_ww_")
+    nested = os.path.join(shared, "nested")
+    os.mkdir(nested)
+    for d in (shared, nested):
+        os.chmod(d, 0o1777)
+    ours = os.path.join(nested, "root_file")
+    open(ours, "w").close()
+    targets = [os.path.join(shared, "a"), os.path.join(nested, "b"), os.path.join(nested, "tree/c")]
+    run_lock = "/run/lock" if os.path.isdir("/run/lock") and os.stat("/run/lock").st_mode & stat.S_IWOTH else None
+    if run_lock:
+        targets.append(f"{run_lock}/cuda_eval_test_{os.getpid()}")
+    code = ("import os, sys\n"
+            "for t in sys.argv[1:]:\n"
+            "    os.makedirs(os.path.dirname(t), exist_ok=True)\n"
+            "    open(t, 'w').write('left behind')\n"
+            "print('ok')\n")
+    try:
+        res = sb.run_sandboxed([sys.executable, "-c", code, *targets], str(sandbox_tmp / "work"), LIMITS)
+        assert res["stdout"] == b"ok\n", res
+        for t in targets:
+            assert not os.path.exists(t), t
+        assert not os.path.exists(os.path.join(nested, "tree"))
+        assert os.path.exists(ours)  # not the uid's
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+# --- disk quota ----------------------------------------------------------------------------------------------------
+FILL = """
+import os, sys, time
+where, how = sys.argv[1], sys.argv[2]
+chunk = b"x" * (4 << 20)
+os.makedirs(where, exist_ok=True)
+if how == "deleted":
+    f = open(os.path.join(where, "hidden"), "wb")
+    os.unlink(f.name)
+for i in range(500):  # 2 GB unless stopped
+    if how != "deleted":
+        f = open(os.path.join(where, f"f{i}"), "wb")
+    f.write(chunk)
+    f.flush()
+    time.sleep(0.02)
+print("wrote everything")
+"""
+
+
+@pytest.mark.parametrize("where", ["workdir", "tmp", "deleted"])
+def test_disk_quota_kills_the_session(sandbox_tmp, where):
+    if where == "tmp" and not DEDICATED:
+        pytest.skip("files in /tmp count for a dedicated uid only")
+    limits = sb.SandboxLimits(**{**LIMITS.__dict__, "disk_bytes": 48 << 20, "file_size_bytes": 4 << 30,
+                                 "wall_timeout_s": 60})
+    target = {"workdir": "out", "tmp": f"/tmp/cuda_eval_test_fill_{os.getpid()}", "deleted": "."}[where]
+    t0 = time.monotonic()
+    with sb.SandboxSession(str(sandbox_tmp / "work")) as session:
+        res = session.run(py(FILL) + [target, where], limits)
+        assert session.disk_quota_exceeded
+    assert res["disk_quota_exceeded"] and res["signal"] == signal.SIGKILL, res
+    assert b"wrote everything" not in res["stdout"]
+    assert time.monotonic() - t0 < 30
+    assert sb.describe(res, limits).startswith("killed: over the disk quota")
+    assert not os.path.exists(f"/tmp/cuda_eval_test_fill_{os.getpid()}") or not DEDICATED
+
+
+def test_no_quota_flag_for_a_quiet_process(sandbox_tmp):
+    res = run(sandbox_tmp, "open('small', 'w').write('x' * 1000)", disk_bytes=1 << 20)
+    assert res["exit_code"] == 0 and res["disk_quota_exceeded"] is False
+
+
+SYSV = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ipc_private, ipc_creat = 0, 0o1000
+ids = [libc.shmget(ipc_private, 1 << 20, ipc_creat | 0o600), libc.semget(ipc_private, 1, ipc_creat | 0o600),
+       libc.msgget(ipc_private, ipc_creat | 0o600)]
+print(*ids)
+"""
+
+
+def _sysv_ids(kind: str) -> set[int]:
+    with open(f"/proc/sysvipc/{kind}") as f:
+        next(f)
+        return {int(line.split()[1]) for line in f if line.strip()}
+
+
+@needs_dedicated
+@pytest.mark.skipif(not os.path.exists("/proc/sysvipc/shm"), reason="no SysV IPC")
+def test_sysv_ipc_objects_do_not_outlive_the_lease(sandbox_tmp):
+    res = run(sandbox_tmp, SYSV)
+    shm, sem, msg = map(int, res["stdout"].split())
+    assert min(shm, sem, msg) >= 0, res
+    assert shm not in _sysv_ids("shm") and sem not in _sysv_ids("sem") and msg not in _sysv_ids("msg")
