@@ -53,6 +53,8 @@ class EvalConfig:
     worker_start_timeout_s: float = 180.0
     spare_workers: int = 0              # pre-started workers kept per device; 0 = auto (auto_spare_workers)
     run_dir: str = ""                   # worker directories ("" = a temporary directory)
+    worker_memory_bytes: int = 32 << 30  # host memory of a judge/worker process (RLIMIT_DATA; GPU memory is not
+                                         # counted); 0 = no limit
     # correctness
     num_correct_trials: int = 5
     atol: float = 1e-2
@@ -60,6 +62,7 @@ class EvalConfig:
     strict: bool = False                # the strict profile: atol = rtol = 1e-4 for float32 outputs
     seed: int = 42
     # timing
+    timing_method: str = "gated"        # "gated" | "device_sync" | "kernelbench" (docs/EVALUATOR.md, "Timing")
     timing_target_s: float = 0.25       # timed work per model (reps adapt within [min, max])
     timing_warmup_s: float = 0.03
     timing_min_reps: int = 20
@@ -89,7 +92,8 @@ class EvalConfig:
 
     def __post_init__(self):
         checks_ok = {"mode": ("auto", "full", "compile_only"), "device_type": ("cuda", "cpu"),
-                     "static_policy": ("auto", "kevin", "cpu", "off")}
+                     "static_policy": ("auto", "kevin", "cpu", "off"),
+                     "timing_method": ("gated", "device_sync", "kernelbench")}
         for name, allowed in checks_ok.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
@@ -97,6 +101,8 @@ class EvalConfig:
             raise ValueError("EvalConfig.num_correct_trials must be >= 1")
         if self.spare_workers < 0:
             raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
+        if self.worker_memory_bytes < 0:
+            raise ValueError("EvalConfig.worker_memory_bytes must be >= 0 (0 = no limit)")
 
 
 def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
@@ -192,8 +198,9 @@ _CRASH_HINTS = {
     "trace": "during the traced forward call",
     "freshness": "during the freshness check",
     "kernel_trace": "during the profiled forward call",
-    "import_candidate": "while importing the program",
-    "init_candidate": "while constructing ModelNew",
+    "import_candidate": "while importing the program or constructing ModelNew",
+    "reference_timing": "while timing the reference, before the candidate was loaded",
+    "final_checks": "during the final checks",
     "load_task": "while loading the reference",
     "reference_warmup": "while running the reference",
     "ref_compile": "while timing torch.compile(reference), after the candidate was judged (a torch.compile problem)",
@@ -233,7 +240,7 @@ def _useful_stderr(stderr: str, max_lines: int = 12, *, startup: bool = False) -
     """The last lines of a worker's stderr. The worker's own start-up milestones ("[cuda_eval.worker ...") are
     dropped from what a model sees, and kept (with more lines: a hang's stack dump) when start-up itself failed."""
     lines = [line for line in (stderr or "").splitlines()
-             if line.strip() and (startup or not line.startswith("[cuda_eval.worker "))]
+             if line.strip() and (startup or not line.startswith(("[cuda_eval.worker ", "[cuda_eval.judge ")))]
     if startup:
         return "\n".join(lines[-60:])[-6000:]
     return "\n".join(lines[-max_lines:])[-1500:]
@@ -305,7 +312,7 @@ class Evaluator:
         return GpuPool(PoolConfig(device_type=cfg.device_type, devices=devices, run_dir=cfg.run_dir or None,
                                   start_timeout_s=cfg.worker_start_timeout_s,
                                   spares=cfg.spare_workers or auto_spare_workers(len(devices)),
-                                  cpu_threads=cfg.cpu_threads))
+                                  cpu_threads=cfg.cpu_threads, data_bytes=cfg.worker_memory_bytes or None))
 
     # public API
     def submit(self, requests: Sequence[EvalRequest]) -> list[concurrent.futures.Future]:
@@ -437,7 +444,8 @@ class Evaluator:
                 "num_trials": cfg.num_correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
                 "strict_fp32": 1e-4 if cfg.strict else None, "seed": cfg.seed,
                 "timing": {"target_s": cfg.timing_target_s, "warmup_s": cfg.timing_warmup_s,
-                           "min_reps": cfg.timing_min_reps, "max_reps": cfg.timing_max_reps},
+                           "min_reps": cfg.timing_min_reps, "max_reps": cfg.timing_max_reps,
+                           "method": cfg.timing_method},
                 "timing_input_sets": cfg.timing_input_sets, "timing_inputs_max_bytes": cfg.timing_inputs_max_bytes,
                 "ref_compile": cfg.ref_compile,
                 "dynamic": {"require_custom_kernel": cfg.require_custom_kernel,

@@ -1,4 +1,4 @@
-"""Output comparison and memory-safety checks used by the worker (imports torch: worker processes only).
+"""Output comparison and memory-safety checks of the judge and the worker (imports torch: their processes only).
 
 `compare_outputs` implements KernelBench's rule (|c - r| <= atol + rtol * |r|, exact shapes) made stricter where
 KernelBench is lax: dtypes must match, NaN/Inf must appear exactly where the reference has them, integer and bool
@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from cuda_eval.wire import Opaque, Received
+
 # Captured before any candidate code runs (the worker imports this module first), so a candidate that replaces
 # builtins or torch functions cannot change how we compare.
 _type = builtins.type
@@ -18,6 +20,7 @@ _isinstance = builtins.isinstance
 _Tensor = torch.Tensor
 _float_dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 POISON_BYTE = 0xFF  # freed memory is filled with it: a float made of it is a NaN, so stale buffers cannot pass
+CHUNK_ELEMENTS = 1 << 24  # compared at a time: the float copies of a chunk stay ~0.5 GB whatever the output size
 
 
 def flatten(obj: Any) -> list:
@@ -34,8 +37,12 @@ def structure(obj: Any) -> str:
     """A short description of an output's structure, for messages ("tuple(Tensor[2,3] float32, int)")."""
     if _type(obj) in (tuple, list):
         return f"{_type(obj).__name__}({', '.join(structure(o) for o in obj)})"
+    if _type(obj) is Received:
+        obj = obj.tensor
     if _isinstance(obj, _Tensor):
         return f"Tensor[{','.join(str(s) for s in obj.shape)}] {str(obj.dtype).replace('torch.', '')}"
+    if _type(obj) is Opaque:
+        return obj.type_name
     return _type(obj).__name__
 
 
@@ -70,14 +77,19 @@ def compare_outputs(cand: Any, ref: Any, *, atol: float, rtol: float, strict_fp3
             if not _same_scalar(c, r):
                 return fail(f"{where}expected {r!r}, got {structure(c)}")
             continue
-        if _type(c) is not _Tensor:
-            return fail(f"{where}expected a torch.Tensor, got {_type(c).__module__}.{_type(c).__qualname__}")
+        if _type(c) is Received:  # sent by the candidate's worker: host data, the device type it lived on
+            c_device, c = c.device, c.tensor
+        elif _type(c) is _Tensor:
+            c_device = c.device.type
+        else:
+            name = c.type_name if _type(c) is Opaque else f"{_type(c).__module__}.{_type(c).__qualname__}"
+            return fail(f"{where}expected a torch.Tensor, got {name}")
         if tuple(c.shape) != tuple(r.shape):
             return fail(f"{where}shape mismatch: expected {list(r.shape)}, got {list(c.shape)}")
         if c.dtype != r.dtype:
             return fail(f"{where}dtype mismatch: expected {r.dtype}, got {c.dtype}")
-        if c.device != r.device:
-            return fail(f"{where}device mismatch: expected {r.device}, got {c.device}")
+        if c_device != r.device.type:
+            return fail(f"{where}device mismatch: expected {r.device.type}, got {c_device}")
         stats = _compare_tensor(c, r, atol=strict_fp32 if strict_fp32 and r.dtype == torch.float32 else atol,
                                 rtol=strict_fp32 if strict_fp32 and r.dtype == torch.float32 else rtol)
         result["max_abs_err"] = max(result["max_abs_err"], stats["max_abs_err"])
@@ -92,8 +104,35 @@ def compare_outputs(cand: Any, ref: Any, *, atol: float, rtol: float, strict_fp3
 
 
 def _compare_tensor(c: torch.Tensor, r: torch.Tensor, *, atol: float, rtol: float) -> dict:
-    if r.numel() == 0:
+    """Element-wise comparison in chunks of CHUNK_ELEMENTS (`c` may live on the host: each chunk is moved to r's
+    device), so that a multi-GB output needs no multi-GB temporaries."""
+    n = r.numel()
+    if n == 0:
         return {"max_abs_err": 0.0, "max_rel_err": 0.0, "bad": 0, "message": ""}
+    cf, rf = c.reshape(-1), r.reshape(-1)
+    parts = []
+    for start in range(0, n, CHUNK_ELEMENTS):
+        cc = cf[start:start + CHUNK_ELEMENTS]
+        if cc.device != rf.device:
+            cc = cc.to(rf.device)
+        parts.append(_compare_chunk(cc, rf[start:start + CHUNK_ELEMENTS], atol=atol, rtol=rtol))
+    bad = sum(p["bad"] for p in parts)
+    max_abs = max(p["max_abs_err"] for p in parts)
+    max_rel = max(p["max_rel_err"] for p in parts)
+    message = ""
+    if bad:
+        if r.dtype in _float_dtypes or r.is_complex():
+            message = (f"{bad} of {n} elements differ (max abs err {max_abs:.3g}, max rel err {max_rel:.3g}, "
+                       f"atol={atol:g}, rtol={rtol:g})")
+            nonfinite = sum(p["nonfinite"] for p in parts)
+            if nonfinite:
+                message += f"; {nonfinite} NaN/Inf where the reference has none (or the reverse)"
+        else:
+            message = f"{bad} of {n} {str(r.dtype).replace('torch.', '')} elements differ"
+    return {"max_abs_err": max_abs, "max_rel_err": max_rel, "bad": bad, "message": message}
+
+
+def _compare_chunk(c: torch.Tensor, r: torch.Tensor, *, atol: float, rtol: float) -> dict:
     if r.dtype in _float_dtypes or r.is_complex():
         work = torch.float64 if r.dtype == torch.float64 else torch.float32
         if r.is_complex():
@@ -106,28 +145,17 @@ def _compare_tensor(c: torch.Tensor, r: torch.Tensor, *, atol: float, rtol: floa
         diff = torch.where(both, (cf - rf).abs(), torch.zeros_like(rf))
         bad = (both & (diff > atol + rtol * rf.abs())) | nonfinite_bad
         rel = diff / rf.abs().clamp_min(1e-6)
-        n_bad = int(bad.sum().item())
-        max_abs = float(diff.max().item())
-        max_rel = float(rel.max().item())
-        message = ""
-        if n_bad:
-            n_nonfinite = int(nonfinite_bad.sum().item())
-            message = (f"{n_bad} of {r.numel()} elements differ (max abs err {max_abs:.3g}, max rel err "
-                       f"{max_rel:.3g}, atol={atol:g}, rtol={rtol:g})")
-            if n_nonfinite:
-                message += f"; {n_nonfinite} NaN/Inf where the reference has none (or the reverse)"
-        return {"max_abs_err": max_abs, "max_rel_err": max_rel, "bad": n_bad, "message": message}
+        return {"max_abs_err": float(diff.max().item()), "max_rel_err": float(rel.max().item()),
+                "bad": int(bad.sum().item()), "nonfinite": int(nonfinite_bad.sum().item())}
     bad = c != r
-    n_bad = int(bad.sum().item())
     diff = (c.to(torch.float64) - r.to(torch.float64)).abs() if r.dtype != torch.bool else bad.to(torch.float64)
-    max_abs = float(diff.max().item())
-    return {"max_abs_err": max_abs, "max_rel_err": float((diff / r.to(torch.float64).abs().clamp_min(1)).max()),
-            "bad": n_bad, "message": f"{n_bad} of {r.numel()} {str(r.dtype).replace('torch.', '')} elements differ"
-            if n_bad else ""}
+    return {"max_abs_err": float(diff.max().item()),
+            "max_rel_err": float((diff / r.to(torch.float64).abs().clamp_min(1)).max()),
+            "bad": int(bad.sum().item()), "nonfinite": 0}
 
 
 def _same_scalar(c: Any, r: Any) -> bool:
-    if _isinstance(c, _Tensor):
+    if _isinstance(c, _Tensor) or _type(c) in (Received, Opaque):
         return False
     try:
         return bool(c == r) or (c != c and r != r)

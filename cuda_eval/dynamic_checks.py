@@ -350,7 +350,7 @@ def default_watch_modules() -> list[types.ModuleType]:
     mods = [torch, torch.cuda, F, torch.testing, torch.autograd, torch.random, time, builtins, gc, threading,
             torch.nn.init, torch.linalg, torch.fft, torch.special]
     for name in ("cuda_eval._native", "cuda_eval.compare", "cuda_eval.dynamic_checks", "cuda_eval.timing",
-                 "cuda_eval.worker"):
+                 "cuda_eval.worker", "cuda_eval.harness", "cuda_eval.channel", "cuda_eval.wire"):
         if name in sys.modules:
             mods.append(sys.modules[name])
     return mods

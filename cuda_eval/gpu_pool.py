@@ -1,17 +1,20 @@
-"""Pre-started worker processes per device; one candidate per process; one candidate per GPU at a time.
+"""Per device: one judge and pre-started candidate workers; one candidate per process; one candidate per GPU at a time.
 
-Each device slot owns a thread and keeps `spares` *spare* workers (`python -m cuda_eval.worker`) starting or
-started: they import torch, warm up, initialise CUDA, then block on stdin. A job is handed to the oldest spare
-(job.json in its working directory, the path on stdin), a new spare is started at once, and the slot waits for the
-job with its timeout. Start-up is therefore hidden as long as a job takes longer than start-up / spares. All
-workers of one GPU share a lock file (machine-wide, named by the physical GPU, so also across pools): a worker holds
-an exclusive flock on it while it initialises CUDA and while it times, so a spare starting up never disturbs a
-measurement. Jobs come from one queue shared by all slots, so the GPUs of a machine drain it together.
+Each device slot owns a thread, a judge (`python -m cuda_eval.judge`: trusted, long-lived, under a sandbox uid of
+its own) and `spares` *spare* workers (`python -m cuda_eval.worker`, one per candidate, each under its own leased
+uid) starting or started: they import torch, warm up, initialise CUDA, then say "ready" on their socket. A job goes
+to the oldest spare: the slot hands the spare's socket to the judge together with the job (SCM_RIGHTS), a new spare
+is started at once, and the slot waits for the judge's verdict. The judge drives the worker step by step and answers
+with the verdict on its own socket: nothing the candidate's process writes (files, its socket, its output streams)
+is read as a result. Start-up is hidden as long as a job takes longer than start-up / spares. All processes of one
+GPU share a lock file (machine-wide, named by the physical GPU, so also across pools): held while one initialises
+CUDA and while the judge times, so a spare starting up never disturbs a measurement. Jobs come from one queue shared
+by all slots, so the GPUs of a machine drain it together.
 
-Workers run through the sandbox of cuda_eval.sandbox (own session/process group, scrubbed environment, confined
-working directory, limits, kill of the whole group at the timeout). Whatever a worker does (segfault, illegal
-address, hang, os._exit), the slot reports a WorkerOutcome with exit code, signal, stderr tail and the last phase the
-worker reached, and the next job runs on a fresh process.
+Processes run through the sandbox of cuda_eval.sandbox (own session/process group, scrubbed environment, confined
+working directory, limits, no network, kill of the whole group at the timeout). Whatever a worker does (segfault,
+illegal address, hang, os._exit, garbage on its socket), the slot reports a WorkerOutcome with exit code, signal,
+stderr tail and the last phase the judge had reached, and the next job runs on a fresh process.
 """
 from __future__ import annotations
 
@@ -19,15 +22,22 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
-import json
 import os
 import queue
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
 from typing import Any, Callable
+
+from cuda_eval import channel
+from cuda_eval.channel import ChannelError
+
+JUDGE_MARGIN_S = 60.0      # the judge's own work (reference, comparisons) on top of the job's timeout
+JUDGE_MAX_JOBS = 500       # a fresh judge after this many jobs (task modules and caches pile up in one process)
+
 
 @dataclasses.dataclass
 class PoolConfig:
@@ -43,6 +53,8 @@ class PoolConfig:
     open_files: int = 4096
     processes: int = 4096                   # RLIMIT_NPROC (threads count too; torch/CUDA start many)
     address_space_bytes: int | None = None  # None on GPUs: CUDA reserves huge virtual ranges
+    data_bytes: int | None = 32 << 30       # RLIMIT_DATA: host memory a process may write; CUDA's reservations
+                                            # are not writable mappings, so it does not count them
     file_size_bytes: int = 4 << 30
     extra_env: dict = dataclasses.field(default_factory=dict)
     # A GPU's timing lock is machine-wide, named by the physical GPU: two evaluators on one GPU (two trainers, or a
@@ -52,7 +64,8 @@ class PoolConfig:
 
 @dataclasses.dataclass
 class WorkerOutcome:
-    """What happened to one job. `result` is the worker's result.json (None when it crashed or timed out)."""
+    """What happened to one job. `result` is the judge's verdict (None when the worker crashed or timed out, or the
+    judge failed)."""
     result: dict | None
     device: str
     exit_code: int | None = None
@@ -66,6 +79,8 @@ class WorkerOutcome:
     stderr_tail: str = ""
     stdout_tail: str = ""
     worker_info: dict | None = None
+    judge_failed: bool = False              # the judge died or did not answer (it is restarted)
+    lost_message: str = ""                  # why the judge lost the worker (eof, timeout)
 
 
 @dataclasses.dataclass
@@ -73,16 +88,29 @@ class _Worker:
     process: Any
     workdir: str
     started: float
+    sock: socket.socket | None = None      # our end of its socket; handed to the judge with the job
     info: dict | None = None
+    ready_error: str = ""
 
 
-def default_spawn(argv: list[str], workdir: str, limits: Any, env: dict[str, str]):
-    """Start a worker through the native sandbox (cuda_eval.sandbox, part 1). It dies with its slot thread: the
+@dataclasses.dataclass
+class _Judge:
+    process: Any
+    workdir: str
+    sock: socket.socket
+    info: dict | None = None
+    jobs: int = 0
+
+
+def default_spawn(argv: list[str], workdir: str, limits: Any, env: dict[str, str], pass_fds: tuple = ()):
+    """Start a process through the native sandbox (cuda_eval.sandbox, part 1). It dies with its slot thread: the
     job's timeout is enforced by that thread, so a worker whose evaluator was killed (a run cut by `timeout`) would
     otherwise keep going unwatched, e.g. a hung kernel spinning on the GPU for hours under the next run's timings
-    (docs/LOG.md, session 8). Safe because the slot thread starts, waits for and discards its own workers."""
+    (docs/LOG.md, "multi-turn demo on 4 GPUs"). Safe because the slot thread starts, waits for and discards its own
+    processes."""
     from cuda_eval import sandbox
-    return sandbox.spawn_sandboxed(argv, workdir, limits, extra_env=env, die_with_parent_thread=True)
+    return sandbox.spawn_sandboxed(argv, workdir, limits, extra_env=env, die_with_parent_thread=True,
+                                   pass_fds=tuple(pass_fds))
 
 
 def default_limits(config: PoolConfig, timeout_s: float):
@@ -90,24 +118,28 @@ def default_limits(config: PoolConfig, timeout_s: float):
     return sandbox.SandboxLimits(address_space_bytes=config.address_space_bytes, cpu_seconds=config.cpu_seconds,
                                  open_files=config.open_files, file_size_bytes=config.file_size_bytes,
                                  processes=config.processes, wall_timeout_s=timeout_s,
-                                 output_cap_bytes=config.output_cap_bytes)
+                                 output_cap_bytes=config.output_cap_bytes, data_bytes=config.data_bytes)
 
 
 class GpuPool:
     """`submit(payload, timeout_s) -> Future[WorkerOutcome]`; `device_info()`; `close()` (also a context manager).
-    `spawn(argv, workdir, limits, env)` and `limits(config, timeout_s)` can be replaced (tests)."""
+    `spawn(argv, workdir, limits, env, pass_fds)` and `limits(config, timeout_s)` can be replaced (tests)."""
 
     def __init__(self, config: PoolConfig, *, spawn: Callable | None = None, limits: Callable | None = None):
         self.config = config
+        if spawn is None:  # as root, refuse now (SandboxUnavailable) rather than fail every job later
+            from cuda_eval import sandbox
+            sandbox.identity_mode()
         self._spawn = spawn or default_spawn
         self._limits = limits or default_limits
         self._own_run_dir = config.run_dir is None
         self.run_dir = config.run_dir or tempfile.mkdtemp(prefix="cuda_eval_workers_")
         os.makedirs(self.run_dir, exist_ok=True)
-        os.chmod(self.run_dir, 0o755)
+        os.chmod(self.run_dir, 0o711)  # sandbox uids reach their own dirs, cannot list the others
         self._queue: queue.Queue = queue.Queue()
         self._counter = itertools.count()
         self._info: dict | None = None
+        self._info_ready = threading.Event()
         self._closed = False
         self._threads = []
         for device in config.devices:
@@ -125,21 +157,9 @@ class GpuPool:
         return future
 
     def device_info(self, timeout_s: float | None = None) -> dict | None:
-        """Facts of the device (gpu_name, torch_version, ...) from the first worker that finished starting (waits
-        for one; None if none started within the timeout)."""
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.start_timeout_s)
-        while self._info is None and time.monotonic() < deadline:
-            for name in sorted(os.listdir(self.run_dir)):
-                try:
-                    with open(os.path.join(self.run_dir, name, "ready.json")) as f:
-                        info = json.load(f)
-                except (OSError, ValueError):
-                    continue
-                if info.get("ok"):
-                    self._info = info
-                    break
-            else:
-                time.sleep(0.05)
+        """Facts of the device (gpu_name, torch_version, ...) from the first judge that finished starting (waits for
+        one; None if none started within the timeout)."""
+        self._info_ready.wait(timeout_s if timeout_s is not None else self.config.start_timeout_s)
         return self._info
 
     def close(self) -> None:
@@ -159,24 +179,62 @@ class GpuPool:
     def __exit__(self, *exc):
         self.close()
 
-    # --- a device slot ------------------------------------------------------------------------------------------
-    def _start(self, device: str) -> _Worker:
-        workdir = os.path.join(self.run_dir, f"dev{device}-{next(self._counter)}")
+    # --- processes ----------------------------------------------------------------------------------------------
+    def _workdir(self, kind: str, device: str) -> str:
+        workdir = os.path.join(self.run_dir, f"{kind}{device}-{next(self._counter)}")
         os.makedirs(workdir)
-        os.chmod(workdir, 0o777)  # the sandbox may run the worker under its own uid
+        return workdir
+
+    def _env(self, workdir: str, device: str) -> dict[str, str]:
         cfg = self.config
         env = {"OMP_NUM_THREADS": str(max(1, cfg.cpu_threads)),
                "PYTHONDONTWRITEBYTECODE": "1", "TORCH_EXTENSIONS_DIR": os.path.join(workdir, "torch_extensions"),
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         env["CUDA_VISIBLE_DEVICES"] = _physical_device(device) if cfg.device_type == "cuda" else ""
         env.update(cfg.extra_env)
-        argv = [cfg.python, "-m", "cuda_eval.worker", "--device-type", cfg.device_type,
-                "--cpu-threads", str(cfg.cpu_threads), "--device-lock", self._lock_file(device),
-                "--start-timeout", f"{max(1.0, cfg.start_timeout_s - 3.0):.1f}"]
-        # The wall limit here only bounds a worker nobody ever hands a job (wait() applies the job's own timeout).
+        return env
+
+    def _spawn_with_socket(self, module: str, device: str, workdir: str, extra_args: list[str]):
+        cfg = self.config
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = [cfg.python, "-m", module, "--device-type", cfg.device_type, "--cpu-threads", str(cfg.cpu_threads),
+                "--device-lock", self._lock_file(device), *extra_args]
+        # The wall limit here only bounds a process nobody ever hands a job (the slot applies the job's timeout).
         limits = self._limits(cfg, cfg.start_timeout_s + 24 * 3600)
-        process = self._spawn(argv, workdir, limits, env)
-        return _Worker(process, workdir, time.monotonic())
+        try:
+            process = self._spawn(argv, workdir, limits, self._env(workdir, device), pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return process, ours
+
+    def _start(self, device: str) -> _Worker:
+        workdir = self._workdir("dev", device)
+        process, sock = self._spawn_with_socket(
+            "cuda_eval.worker", device, workdir,
+            ["--start-timeout", f"{max(1.0, self.config.start_timeout_s - 3.0):.1f}"])
+        return _Worker(process, workdir, time.monotonic(), sock)
+
+    def _start_judge(self, device: str) -> _Judge:
+        workdir = self._workdir("judge", device)
+        process, sock = self._spawn_with_socket("cuda_eval.judge", device, workdir, [])
+        judge = _Judge(process, workdir, sock)
+        try:
+            header, _ = channel.recv(sock, deadline=time.monotonic() + self.config.start_timeout_s)
+        except ChannelError as e:
+            header = {"ok": False, "error": f"no answer ({e})"}
+        if not header.get("ok"):
+            _discard(judge)
+            res = judge.process.wait(10.0)
+            raise JudgeFailed(f"the judge process failed to start: {header.get('error', '')}\n"
+                              + _text(res.get("stderr"))[-6000:])
+        judge.info = header.get("info") or {}
+        if self._info is None:
+            self._info = judge.info
+            self._info_ready.set()
+        return judge
 
     def _lock_file(self, device: str) -> str:
         if self.config.device_type == "cuda" and self.config.device_lock_dir:
@@ -195,26 +253,28 @@ class GpuPool:
         return path
 
     def _await_ready(self, worker: _Worker) -> bool:
-        path = os.path.join(worker.workdir, "ready.json")
-        deadline = worker.started + self.config.start_timeout_s
-        while time.monotonic() < deadline:
-            if os.path.exists(path):
-                try:
-                    with open(path) as f:
-                        worker.info = json.load(f)
-                except (OSError, ValueError):
-                    worker.info = None
-                if worker.info is not None:
-                    return bool(worker.info.get("ok"))
-            if not _alive(worker.process):
-                return False
-            time.sleep(0.01)
-        return False
+        """The worker's "ready" on its socket (untrusted only in form: no candidate code has run in it yet)."""
+        try:
+            header, _ = channel.recv(worker.sock, deadline=worker.started + self.config.start_timeout_s)
+        except ChannelError as e:
+            worker.ready_error = f"no ready message ({e})"
+            return False
+        if header.get("op") != "ready" or not header.get("ok"):
+            worker.ready_error = str(header.get("error", "not ready"))[:3000]
+            return False
+        worker.info = header.get("info") if isinstance(header.get("info"), dict) else {}
+        return True
 
+    # --- a device slot ------------------------------------------------------------------------------------------
     def _slot_loop(self, device: str) -> None:
         spares: collections.deque[_Worker] = collections.deque()
+        judge: _Judge | None = None
         try:
             self._refill(device, spares)
+            try:
+                judge = self._start_judge(device)
+            except JudgeFailed:
+                judge = None  # tried again at the first job, which reports the failure
             while True:
                 item = self._queue.get()
                 if item is None:
@@ -223,7 +283,19 @@ class GpuPool:
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
-                    outcome = self._run_job(device, spares, payload, timeout_s, queued_at)
+                    if judge is None or not _alive(judge.process) or judge.jobs >= JUDGE_MAX_JOBS:
+                        if judge is not None:
+                            _discard(judge)
+                        judge = None
+                        judge = self._start_judge(device)
+                    outcome = self._run_job(device, spares, judge, payload, timeout_s, queued_at)
+                    judge.jobs += 1
+                    if outcome.judge_failed:
+                        _discard(judge)
+                        judge = None
+                except JudgeFailed as e:
+                    outcome = WorkerOutcome(result=None, device=device, start_failed=True, stderr_tail=str(e),
+                                            queue_s=time.monotonic() - queued_at)
                 except BaseException as e:  # a bug or an OS failure here must not hang the caller
                     future.set_exception(e)
                     continue
@@ -231,6 +303,12 @@ class GpuPool:
         finally:
             for worker in spares:
                 _discard(worker)
+            if judge is not None:
+                try:
+                    channel.send(judge.sock, {"op": "quit"})
+                except ChannelError:
+                    pass
+                _discard(judge)
 
     def _refill(self, device: str, spares) -> None:
         while len(spares) < max(1, self.config.spares):
@@ -239,7 +317,8 @@ class GpuPool:
             except Exception:  # spawn failures surface at the next job (it retries and reports)
                 return
 
-    def _run_job(self, device: str, spares, payload: dict, timeout_s: float, queued_at: float) -> WorkerOutcome:
+    def _run_job(self, device: str, spares, judge: _Judge, payload: dict, timeout_s: float,
+                 queued_at: float) -> WorkerOutcome:
         worker = spares.popleft() if spares else self._start(device)
         failures = []
         while not self._await_ready(worker):
@@ -251,24 +330,52 @@ class GpuPool:
                 self._refill(device, spares)
                 return out
             worker = self._start(device)
-        if self._info is None and worker.info:
-            self._info = worker.info
         queue_s = time.monotonic() - queued_at
-        job_path = os.path.join(worker.workdir, "job.json")
-        with open(job_path, "w") as f:
-            json.dump(payload, f)
-        os.chmod(job_path, 0o644)
-        worker.process.write_stdin((job_path + "\n").encode())
-        worker.process.close_stdin()
         started, started_at = time.monotonic(), time.time()
+        try:
+            channel.send_fd(judge.sock, {"op": "job", "payload": payload, "timeout_s": timeout_s},
+                            worker.sock.fileno())
+        except OSError as e:
+            _reap(worker, device)
+            return WorkerOutcome(result=None, device=device, start_failed=True, judge_failed=True,
+                                 stderr_tail=f"the judge is gone ({e})", queue_s=queue_s)
+        worker.sock.close()  # the judge holds its own copy now
         self._refill(device, spares)
-        res = worker.process.wait(timeout_s)
-        outcome = _collect(worker, device, res)
+        verdict, judge_error = None, ""
+        try:
+            header, _ = channel.recv(judge.sock, max_header=256 << 20,
+                                     deadline=time.monotonic() + timeout_s + JUDGE_MARGIN_S)
+            verdict = header.get("result") if header.get("op") == "verdict" else None
+            if verdict is None:
+                judge_error = f"the judge answered {str(header)[:300]}"
+        except ChannelError as e:
+            judge_error = f"the judge did not answer ({e})"
+        worker.process.kill()
+        res = worker.process.wait(10.0)
+        outcome = _outcome(worker, device, res)
         outcome.wall_s = time.monotonic() - started
         outcome.started_at = started_at
         outcome.queue_s = queue_s
         shutil.rmtree(worker.workdir, ignore_errors=True)
+        if verdict is None:
+            outcome.judge_failed, outcome.start_failed = True, True
+            judge.process.kill()
+            jres = judge.process.wait(10.0)
+            outcome.stderr_tail = f"{judge_error}; judge stderr:\n" + _text(jres.get("stderr"))[-6000:]
+            return outcome
+        lost = verdict.get("lost")
+        if lost:
+            outcome.progress = {"phase": lost.get("phase"), **({"trial": lost["trial"]}
+                                                               if lost.get("trial") is not None else {})}
+            outcome.timed_out = lost.get("kind") == "timeout"
+            outcome.lost_message = str(lost.get("message", ""))
+        else:
+            outcome.result = verdict
         return outcome
+
+
+class JudgeFailed(RuntimeError):
+    """The judge process could not be started (the job is reported as the evaluator's failure)."""
 
 
 def _chmod_if_owner(path: str, mode: int) -> None:
@@ -306,32 +413,30 @@ def _text(data) -> str:
     return data or ""
 
 
-def _collect(worker: _Worker, device: str, res: dict) -> WorkerOutcome:
-    def load(name: str) -> dict | None:
-        try:
-            with open(os.path.join(worker.workdir, name)) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-    return WorkerOutcome(result=load("result.json"), device=device, exit_code=res.get("exit_code"),
-                         signal=res.get("signal"), timed_out=bool(res.get("timed_out")), progress=load("progress.json"),
-                         stderr_tail=_text(res.get("stderr"))[-8000:], stdout_tail=_text(res.get("stdout"))[-2000:],
-                         worker_info=worker.info)
+def _outcome(worker: _Worker, device: str, res: dict) -> WorkerOutcome:
+    return WorkerOutcome(result=None, device=device, exit_code=res.get("exit_code"), signal=res.get("signal"),
+                         timed_out=bool(res.get("timed_out")),
+                         stderr_tail=(worker.ready_error + "\n" if worker.ready_error else "")
+                         + _text(res.get("stderr"))[-8000:],
+                         stdout_tail=_text(res.get("stdout"))[-2000:], worker_info=worker.info)
 
 
 def _reap(worker: _Worker, device: str) -> WorkerOutcome:
     worker.process.kill()
     res = worker.process.wait(10.0)
-    outcome = _collect(worker, device, res)
+    outcome = _outcome(worker, device, res)
+    if worker.sock is not None:
+        worker.sock.close()
     shutil.rmtree(worker.workdir, ignore_errors=True)
     return outcome
 
 
-def _discard(worker: _Worker) -> None:
+def _discard(proc) -> None:
     try:
-        worker.process.kill()
-        worker.process.wait(10.0)
+        proc.process.kill()
+        proc.process.wait(10.0)
     except Exception:  # already gone
         pass
-    shutil.rmtree(worker.workdir, ignore_errors=True)
+    if proc.sock is not None:
+        proc.sock.close()
+    shutil.rmtree(proc.workdir, ignore_errors=True)

@@ -1,14 +1,23 @@
-"""The timing protocol shared by reference and candidate (worker processes only; imports torch).
+"""The timing protocols shared by reference and candidate (judge and worker processes only; imports torch).
 
-Per repetition: flush L2 (memset of a scratch buffer of twice the L2 size, outside the timed region), synchronise
-the whole device, record a start event, call the model on the next of several input sets (rotated, so no input stays
-hot in L2 across reps), synchronise the whole device again (work hidden on side streams or left to background
-threads by the candidate is inside the measurement), record the end event. Warm-up reps are excluded; the number of
-reps adapts to the call's duration (a quick estimate first) within [min_reps, max_reps]; the median is reported.
-
-The timer is cuda_eval._native.CudaTimer (events recorded from C++, libcudart dlopen'ed) when the native module
-provides it; TorchEventTimer implements the same protocol with torch.cuda events otherwise. CPU mode uses the host
-monotonic clock with the same warm-up/rep/rotation logic.
+`TimingConfig.method` (EvalConfig.timing_method) picks one; docs/EVALUATOR.md, "Timing", says what each measures:
+- "gated" (default): the host queues a group of repetitions behind a spin kernel (the gate) on the current stream,
+  each one an L2 flush (memset of twice the L2 size), a start event, the call, an end event; the gate then opens and
+  the GPU runs the group back to back. The host's launch latency, and any delay of the host thread by a busy CPU,
+  stay outside the measurement, which is the GPU's time from the first to the last work of the call on the current
+  stream. If the host could not queue a group before the gate opened, the group is measured again behind a longer
+  gate; a call that waits for the device itself (a synchronise, an .item()) cannot be queued ahead and is measured
+  as it runs (meta says so). Work a candidate leaves on other streams is not in the measurement: the fork check and
+  the kernel trace (worker.py) flag it.
+- "device_sync": per repetition flush, synchronise the whole device, start event, call, synchronise the whole device
+  again, end event (work on any stream is inside, and so are the host's launch latency and its delays).
+- "kernelbench": KernelBench's cuda_event protocol (src/kernelbench/timing.py at its main): 3 synchronised warm-up
+  calls, then per trial synchronise, a 256 MB L2-thrashing fill, start event, call, end event, synchronise; 100
+  trials after one discarded; one input set. For numbers comparable with papers and leaderboards.
+Warm-up reps are excluded; outside "kernelbench" the number of reps adapts to the call's duration (a quick estimate
+first) within [min_reps, max_reps] and input sets are rotated between reps (no input stays hot in L2). The median is
+reported. The device_sync timer is cuda_eval._native.CudaTimer (events recorded from C++) when the native module
+provides it, else the same protocol with torch events. CPU mode uses the host monotonic clock for every method.
 """
 from __future__ import annotations
 
@@ -23,6 +32,12 @@ import torch
 _perf_counter_ns = time.perf_counter_ns  # captured before candidate code can replace them
 _cuda_synchronize = torch.cuda.synchronize
 _CudaEvent = torch.cuda.Event
+_cuda_sleep = getattr(torch.cuda, "_sleep", None)
+METHODS = ("gated", "device_sync", "kernelbench")
+GATE_GROUP = 32           # reps queued behind one gate (a stream's launch queue holds ~1000 entries)
+GATE_START_MS = 1.0
+GATE_MAX_MS = 250.0
+KERNELBENCH_WARMUP, KERNELBENCH_TRIALS, KERNELBENCH_L2_BYTES = 3, 100, 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +48,20 @@ class TimingConfig:
     max_reps: int = 200
     min_warmup: int = 3
     max_warmup: int = 50
+    method: str = "gated"
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"timing method {self.method!r}: expected one of {METHODS}")
+
+    def plan(self, estimate_ms: float) -> tuple[int, int]:
+        """(warmup, reps) for a call of about `estimate_ms`."""
+        if self.method == "kernelbench":
+            return KERNELBENCH_WARMUP, KERNELBENCH_TRIALS
+        estimate_ms = max(estimate_ms, 1e-3)
+        reps = int(min(self.max_reps, max(self.min_reps, round(self.target_s * 1e3 / estimate_ms))))
+        warmup = int(min(self.max_warmup, max(self.min_warmup, round(self.warmup_s * 1e3 / estimate_ms))))
+        return warmup, reps
 
 
 def stats(times_ms: list[float]) -> dict:
@@ -101,6 +130,86 @@ class NativeTimer:
                                       sync_device=sync_device, stream=stream))
 
 
+class GatedTimer:
+    """The "gated" protocol (module doc). `meta` describes the last call of time()."""
+    name = "gated_events"
+
+    def __init__(self, cycles_per_ms: float):
+        self.cycles_per_ms = float(cycles_per_ms)
+        self._scratch: torch.Tensor | None = None
+        self.meta: dict = {}
+
+    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int,
+             sync_device: bool = True, stream: int = 0) -> list[float]:
+        if l2_flush_bytes and (self._scratch is None or self._scratch.numel() < l2_flush_bytes):
+            self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
+        for _ in range(warmup):
+            fn()
+        _cuda_synchronize()
+        out: list[float] = []
+        gate_ms, retries, waits_for_device, max_host_ms = GATE_START_MS, 0, False, 0.0
+        while len(out) < reps:
+            n = min(GATE_GROUP, reps - len(out))
+            gate_open = _CudaEvent()
+            _cuda_sleep(int(gate_ms * self.cycles_per_ms))
+            gate_open.record()
+            t0 = _perf_counter_ns()
+            pairs = []
+            for _ in range(n):
+                if self._scratch is not None:
+                    self._scratch.zero_()
+                start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                pairs.append((start, end))
+            host_ms = (_perf_counter_ns() - t0) / 1e6
+            held = not gate_open.query()
+            _cuda_synchronize()
+            max_host_ms = max(max_host_ms, host_ms)
+            if not held and not waits_for_device:
+                # A slow host (long calls, a busy CPU) gets a gate of twice its queueing time. If the queueing then
+                # grows with the gate, the call itself waits for the device: it cannot be queued ahead.
+                if (retries and host_ms >= 0.9 * gate_ms) or gate_ms >= GATE_MAX_MS:
+                    waits_for_device = True
+                else:
+                    retries += 1
+                    gate_ms = min(GATE_MAX_MS, max(2.0 * gate_ms, 2.0 * host_ms))
+                    continue  # measured again behind a longer gate
+            out += [s.elapsed_time(e) for s, e in pairs]
+        self.meta = {"gate_ms": round(gate_ms, 3), "retries": retries, "host_ms_per_group": round(max_host_ms, 3),
+                     "waits_for_device": waits_for_device}
+        return out
+
+
+class KernelBenchTimer:
+    """KernelBench's cuda_event protocol (module doc); `reps` trials after one discarded."""
+    name = "kernelbench_cuda_event"
+
+    def __init__(self):
+        self._thrash: torch.Tensor | None = None
+
+    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int = 0,
+             sync_device: bool = True, stream: int = 0) -> list[float]:
+        if self._thrash is None:
+            self._thrash = torch.empty(KERNELBENCH_L2_BYTES // 8, dtype=torch.int64, device="cuda")
+        for _ in range(warmup):
+            fn()
+            _cuda_synchronize()
+        out = []
+        for trial in range(reps + 1):
+            _cuda_synchronize()
+            start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+            self._thrash.fill_(42)
+            start.record()
+            fn()
+            end.record()
+            _cuda_synchronize()
+            if trial:
+                out.append(start.elapsed_time(end))
+        return out
+
+
 def make_timer(device_type: str):
     """The host clock (CPU mode), else the native CUDA timer if it loads and runs here, else TorchEventTimer (its
     `fallback_reason` says why)."""
@@ -128,9 +237,21 @@ def l2_flush_bytes(device_type: str) -> int:
     return max(2 * l2, 64 << 20)
 
 
+def timer_for(method: str, device_type: str, sync_timer, gate_cycles_per_ms: float | None):
+    """The timer of `method` on this device: `sync_timer` is the device_sync one (make_timer). Without a gate
+    (no torch.cuda._sleep) "gated" falls back to device_sync; the timer's name says which ran."""
+    if device_type != "cuda" or method == "device_sync":
+        return sync_timer
+    if method == "kernelbench":
+        return KernelBenchTimer()
+    if gate_cycles_per_ms and _cuda_sleep is not None:
+        return GatedTimer(gate_cycles_per_ms)
+    return sync_timer
+
+
 def time_rotating(call: Callable[[int], None], n_sets: int, *, timer, device_type: str,
                   config: TimingConfig) -> dict:
-    """Time `call(i)` (the model on input set i) with the protocol above; returns stats + reps/warmup/n_sets."""
+    """Time `call(i)` (the model on input set i) with `timer`; returns stats + reps/warmup/n_sets."""
     counter = [0]
 
     def fn():
@@ -143,14 +264,16 @@ def time_rotating(call: Callable[[int], None], n_sets: int, *, timer, device_typ
     gc.collect()
     gc.disable()  # a collection inside a timed rep would be noise
     try:
-        estimate = statistics.median(timer.time(fn, warmup=1, reps=3, l2_flush_bytes=flush, sync_device=True))
-        estimate = max(estimate, 1e-3)
-        reps = int(min(config.max_reps, max(config.min_reps, round(config.target_s * 1e3 / estimate))))
-        warmup = int(min(config.max_warmup, max(config.min_warmup, round(config.warmup_s * 1e3 / estimate))))
+        estimate = 0.0
+        if config.method != "kernelbench":
+            estimate = statistics.median(timer.time(fn, warmup=1, reps=3, l2_flush_bytes=flush, sync_device=True))
+        warmup, reps = config.plan(estimate)
         times = list(timer.time(fn, warmup=warmup, reps=reps, l2_flush_bytes=flush, sync_device=True))
     finally:
         if gc_was_enabled:
             gc.enable()
     out = stats(times)
     out.update(reps=reps, warmup=warmup, input_sets=n_sets, timer=timer_name(timer))
+    if getattr(timer, "meta", None):
+        out["gate"] = dict(timer.meta)
     return out

@@ -1,43 +1,31 @@
-"""The GPU (or CPU) worker: one process per candidate, pre-started by gpu_pool.py.
+"""The candidate's worker: the process that runs the candidate, one per candidate, pre-started by gpu_pool.py.
 
-    python -m cuda_eval.worker --device-type cuda|cpu
+    python -m cuda_eval.worker --device-type cuda|cpu        (its socket is fd 3)
 
-Start-up (hidden behind the previous candidate): import torch, initialise CUDA and the timer, write `ready.json`
-(device facts) into the working directory, then block reading one line from stdin: the path of a job JSON. The job
-runs; the result is written as `result.json` next to the job (never printed: the candidate owns stdout), and the
-process ends with os._exit so that threads a candidate left behind cannot keep it alive. `progress.json` records
-the phase being run, so that a crash (segfault, os._exit, kill at timeout) still gets a precise verdict.
-
-Phases of an "evaluate" job (a "retime" job does 1-3 and 6 only, without the cache):
- 1. load the task as a module (its module-level constants are visible to get_inputs/forward), build Model from
-    get_init_inputs() under the seed, run it once (its ATen ops, whether it mutates/aliases its inputs);
- 2. snapshot torch/time/builtins identities and threads, install the prebuilt extensions, import the candidate,
-    build ModelNew under the same seed (parameters match);
- 3. correctness trials (default 5), each with fresh inputs from get_inputs() (created on the device, dtypes kept):
-    freed memory poisoned, the candidate runs FIRST, then the reference on a clone of the inputs, both right after
-    the same torch/CUDA RNG seed (dropout and other RNG draws then follow the same stream; BatchNorm in training mode
-    uses batch statistics, which are deterministic): exact shapes/dtypes, atol/rtol, NaN/Inf where the reference
-    has them; inputs must be unchanged; outputs must be plain tensors that alias no input or parameter;
- 4. one traced forward: ATen ops from Python vs. from the C++ extension, calls into the extension, reference code;
- 5. timing of the candidate and (unless cached) the reference with the protocol in timing.py, holding the
-    device lock (no other worker of this GPU initialises CUDA meanwhile);
- 6. freshness: input set 0 overwritten in place (same addresses), the output must follow;
- 7. (CUDA) one forward under the profiler: the candidate's own kernels ran; no kernel still running on another
-    stream after forward returned;
- 8. identities and threads compared with the snapshot.
+It runs under a sandbox uid of its own and holds nothing the verdict depends on: it runs what the judge
+(judge.py, another process under another uid) asks for, one step at a time, and answers on its socket; the judge
+computes the reference, compares outputs and bounds the timing. Start-up (hidden behind the previous candidate):
+import torch, initialise CUDA and the timer, then say "ready" on the socket (to the pool, which hands the socket to
+the judge with the job). Steps, each answered on the socket:
+  job            install the prebuilt extensions, import the candidate, build ModelNew under the seed ("loaded");
+  trial          inputs of a correctness trial from the seed, freed memory poisoned, forward (traced: ATen ops,
+                 extension calls), the output sent back; inputs unchanged, outputs plain, no aliasing;
+  trace          one more traced forward with its summary (ops, extension calls, host transfers, task code);
+  timing_sets, time, timed_output
+                 the timing inputs, a timed loop of the judge's length (the times sent back), the last output;
+  freshness      timing set 0 overwritten in place (same addresses), the output sent back;
+  kernel_trace   (CUDA) the fork check and the pile-up check of side streams, the own kernels ran;
+  finish         identities and threads against the snapshot taken before the candidate was imported; then exit.
+Flags raised here are reported with every answer. They come from checks inside the candidate's own process, which a
+candidate that attacks the harness itself can evade: docs/EVALUATOR.md, "Trust boundary".
 """
 from __future__ import annotations
 
 import argparse
-import builtins
-import contextlib
 import faulthandler
-import fcntl
-import importlib
-import json
-import linecache
+import gc
 import os
-import random
+import socket
 import sys
 import time
 import traceback
@@ -46,333 +34,130 @@ from typing import Any
 
 import torch
 
-from cuda_eval import compare, dynamic_checks, timing
-from cuda_eval.compare import bitwise_equal, compare_outputs, non_plain_tensors, overlaps, tensors_in
+from cuda_eval import channel, dynamic_checks, harness, timing, wire
+from cuda_eval.channel import ChannelError
+from cuda_eval.compare import bitwise_equal, non_plain_tensors, overlaps, tensors_in
+from cuda_eval.harness import (CANDIDATE_MODULE, CHANNEL_FD, FRESH_FIRST_SEED, FRESH_LAYOUT_SEED, FRESH_SEED,
+                               CandidateError, Device, exec_module, format_exception, init_inputs,
+                               load_task, make_inputs, map_tree, milestone, set_seed)
 
 # Captured before any candidate code runs: a candidate replacing these (flagged as monkeypatch) cannot change how
-# we synchronise, seed, time or write results.
-_type = builtins.type
+# we synchronise, seed or time.
+_type = type
 _monotonic = time.monotonic
-_json_dump = json.dump
-_os_replace = os.replace
 _cuda_synchronize = torch.cuda.synchronize
-_manual_seed = torch.manual_seed
-_cuda_sleep = getattr(torch.cuda, "_sleep", None)  # the gate of the fork check (JobRunner._gated_trace)
+_cuda_sleep = getattr(torch.cuda, "_sleep", None)  # the gate of the fork check (Worker._gated_trace)
 _CudaEvent = torch.cuda.Event
 _host_sleep = time.sleep
-TASK_MODULE = "kernelbench_task"
-TRACE_CALLS = 8               # forward calls in the unsynced-stream check (see JobRunner.trace_kernels)
+_channel_send = channel.send
+_channel_recv = channel.recv
+_pack = wire.pack
+TRACE_CALLS = 8               # forward calls in the unsynced-stream check (see Worker.trace_kernels)
 TRACE_REPEAT_MAX_MS = 25.0    # slower candidates are called once there (their side-stream work is long anyway)
 GATE_MIN_MS = 2.0             # the fork check's gate: at least this long, and 4x the measured forward time
 GATE_MAX_MS = 250.0           # ...at most (a forward that synchronises the device waits for the whole gate)
 GATE_SETTLE_S = 0.001         # after forward returns, the gate must still hold this long (launched work starts)
-REF_DRIFT = 1.5               # a cached reference time is checked next to each candidate's: off by more = drift
-REF_CHECK = timing.TimingConfig(target_s=0.02, warmup_s=0.005, min_reps=5, max_reps=50, min_warmup=2, max_warmup=10)
-CANDIDATE_MODULE = "kernelbench_candidate"
-MAX_ERROR_CHARS = 2500
 
 
-class CandidateError(Exception):
-    """The candidate failed (raised, crashed the CUDA context, returned garbage types): a verdict, not a bug."""
-
-
-class ReferenceError_(Exception):
-    """The reference program itself failed: the task is broken, not the candidate."""
-
-
-# --- small helpers --------------------------------------------------------------------------------------------
-def write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        _json_dump(obj, f, default=str)
-    _os_replace(tmp, path)
-
-
-def exec_module(source: str, name: str, filename: str) -> types.ModuleType:
-    """Execute `source` as a real module (registered in sys.modules; tracebacks show its lines)."""
-    module = types.ModuleType(name)
-    module.__file__ = filename
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    sys.modules[name] = module
-    code = compile(source, filename, "exec")
-    exec(code, module.__dict__)
-    return module
-
-
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    _manual_seed(seed)  # every device's generator
-    try:
-        import numpy as np
-        np.random.seed(seed % (2 ** 32))
-    except ImportError:
-        pass
-
-
-def format_exception(exc: BaseException, context: str) -> str:
-    """`context: Type: message` plus the candidate's own frames (not ours, not torch's), trimmed."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename in (dynamic_checks.CANDIDATE_FILENAME, dynamic_checks.TASK_FILENAME)]
-    message = str(exc).split("\nCUDA kernel errors might be asynchronously reported")[0]
-    message = message.split("\nFor debugging consider passing CUDA_LAUNCH_BLOCKING")[0].strip()
-    text = f"{context}: {type(exc).__name__}: {message}"
-    if frames:
-        text += "\n" + "".join(traceback.format_list(frames[-4:])).rstrip()
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 15] + "\n... (trimmed)"
-
-
-def map_tree(obj: Any, fn) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if _type(obj) in (list, tuple):
-        return _type(obj)(map_tree(o, fn) for o in obj)
-    return obj
-
-
-def tree_nbytes(obj: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors_in(obj))
-
-
-def dtype_signature(obj: Any) -> str:
-    return ",".join(str(t.dtype).replace("torch.", "") for t in tensors_in(obj)) or "none"
-
-
-# --- device state ---------------------------------------------------------------------------------------------
-class Device:
-    """The device of this worker. `lock_path` names a file shared by all workers of the same GPU: a worker holds
-    an exclusive flock on it while it initialises CUDA (start-up) and while it times, so that a spare starting up
-    never disturbs a measurement (the kernel releases the lock if a process dies)."""
-
-    def __init__(self, device_type: str, cpu_threads: int, lock_path: str | None = None):
-        self.type = device_type
-        self.lock_path = lock_path
-        torch.set_grad_enabled(False)  # KernelBench evaluates under no_grad
-        self._warm_up_host()
-        _phase("host warm-up done; waiting for the device lock")
-        with self.exclusive():
-            _phase("device lock held")
-            self._init_device(device_type, cpu_threads)
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        if not self.lock_path:
-            yield
-            return
-        fd = os.open(self.lock_path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _warm_up_host(self) -> None:
-        """First uses that cost seconds on the host (dispatch-mode machinery, profiler import) belong to start-up,
-        which the pool hides behind earlier candidates."""
-        x = torch.ones(8)
-        dynamic_checks.reference_compute_ops(lambda: torch.relu(x) + 1)
-        with dynamic_checks.ForwardTrace([]):
-            torch.relu(x)
-        importlib.import_module("torch.profiler")  # imported now, activated only for the kernel trace
-
-    def _init_device(self, device_type: str, cpu_threads: int) -> None:
-        if device_type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("device_type='cuda' but torch sees no CUDA device")
-            torch.cuda.init()
-            torch.empty(1, device="cuda").fill_(0)
-            torch.cuda.synchronize()
-            _phase("CUDA context up")
-            self.torch_device = torch.device("cuda", 0)
-            props = torch.cuda.get_device_properties(0)
-            self.name = props.name
-            self.info = {"gpu_name": props.name, "capability": f"{props.major}.{props.minor}",
-                         "total_memory": props.total_memory, "l2_bytes": getattr(props, "L2_cache_size", None),
-                         "cuda_version": torch.version.cuda}
-        else:
-            torch.set_num_threads(max(1, cpu_threads))
-            self.torch_device = torch.device("cpu")
-            self.name = "cpu"
-            self.info = {"gpu_name": None, "cpu_threads": torch.get_num_threads()}
-        self.info.update(device_type=device_type, torch_version=torch.__version__, pid=os.getpid(),
-                         python=sys.version.split()[0])
-        self.timer = timing.make_timer(device_type)
-        self.info["timer"] = timing.timer_name(self.timer)
-        if getattr(self.timer, "fallback_reason", ""):
-            self.info["timer_fallback_reason"] = self.timer.fallback_reason
-        with self.torch_device:
-            torch.randn(4)
-        if self.type == "cuda":  # timer dlopen + scratch buffer, allocator snapshot, CUPTI: first uses are slow
-            self.timer.time(lambda: None, warmup=1, reps=2, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
-            _phase(f"timer {self.info['timer']} works")
-            dynamic_checks.poison_free_memory("cuda")
-            _phase("free memory poisoned; starting the kernel trace (CUPTI)")
-            try:
-                with dynamic_checks.KernelTrace():
-                    torch.ones(8, device="cuda").add_(1)
-                self.info["kernel_trace"] = True
-            except Exception as e:  # no CUPTI here: the job then skips the kernel trace and says so
-                self.info["kernel_trace"] = False
-                self.info["kernel_trace_error"] = f"{type(e).__name__}: {e}"[:300]
-            try:
-                self.info["gate_cycles_per_ms"] = self._gate_cycles_per_ms()
-            except Exception as e:  # the fork check is then skipped, and says why (meta.fork_check)
-                self.info["gate_error"] = f"{type(e).__name__}: {e}"[:300]
-        self.sync()
-
-    def sync(self) -> None:
-        if self.type == "cuda":
-            _cuda_synchronize()
-
-    @staticmethod
-    def _gate_cycles_per_ms() -> float | None:
-        """GPU clock cycles per ms of torch.cuda._sleep's spin kernel, measured before any candidate code runs."""
-        if _cuda_sleep is None:
-            return None
-        start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
-        cycles = 4_000_000
-        _cuda_sleep(cycles // 10)  # first launch loads the kernel
-        start.record()
-        _cuda_sleep(cycles)
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end)
-        return cycles / ms if ms > 0 else None
-
-
-# --- the job --------------------------------------------------------------------------------------------------
-class JobRunner:
-    def __init__(self, job: dict, device: Device, workdir: str):
-        self.job = job
-        self.cfg = job["config"]
-        self.dyn = self.cfg.get("dynamic", {})
+class Worker:
+    def __init__(self, device: Device, sock: socket.socket):
         self.device = device
-        self.workdir = workdir
+        self.sock = sock
         self.flags: list[dict] = []
-        self.trials: list[dict] = []
-        self.meta: dict = {"phase_s": {}}
-        self.correct: bool | None = None
-        self.runtime_error: str | None = None
-        self.timing: dict | None = None
-        self.ref_timing: dict | None = None
-        self.ref_timing_measured = False
-        self.ref_timing_key: str | None = None
-        self._phase_started = _monotonic()
-        self._phase = "start"
+        self._reported = 0
+        self.meta: dict = {}
+        self.forward_ms = 0.0
+        self.timing_sets: list = []
+        self.last_output = None
+        self.workdir = os.getcwd()
 
-    # progress + flags
-    def phase(self, name: str, **extra) -> None:
-        now = _monotonic()
-        self.meta["phase_s"][self._phase] = round(now - self._phase_started, 4)
-        self._phase, self._phase_started = name, now
-        write_json_atomic(os.path.join(self.workdir, "progress.json"), {"phase": name, **extra})
-
+    # answers
     def flag(self, code: str, reason: str) -> None:
         if not any(f["code"] == code for f in self.flags):
             self.flags.append({"code": code, "reason": reason})
 
-    def result(self, status: str = "ok", internal_error: str | None = None) -> dict:
-        self.phase("done")
-        return {"status": status, "internal_error": internal_error, "correct": self.correct,
-                "runtime_error": self.runtime_error, "trials": self.trials, "timing": self.timing,
-                "ref_timing": self.ref_timing, "ref_timing_measured": self.ref_timing_measured,
-                "ref_timing_key": self.ref_timing_key, "hack_flags": self.flags,
-                "meta": {**self.meta, **self.device.info}}
+    def reply(self, op: str, blobs=(), **fields) -> None:
+        new, self._reported = self.flags[self._reported:], len(self.flags)
+        _channel_send(self.sock, {"op": op, "flags": new, "meta": self.meta, **fields}, blobs)
 
-    def run(self) -> dict:
-        try:
-            self._run()
-        except CandidateError as e:
-            self.correct = False
-            self.runtime_error = str(e)
-        except ReferenceError_ as e:
-            self.correct = None
-            self.runtime_error = f"the reference program failed (task error, not the candidate's): {e}"
-            self.meta["reference_error"] = True
-        return self.result()
+    def reply_output(self, out: Any) -> None:
+        bad = non_plain_tensors(out)
+        if bad:
+            self.flag("output_not_plain_tensor", f"forward returned {', '.join(bad)} instead of a plain torch.Tensor")
+            self.reply("output", not_plain=", ".join(bad)[:200])
+            return
+        tree, blobs = _pack(out)
+        self.reply("output", blobs, tree=tree)
 
-    # inputs
-    def make_inputs(self, seed: int) -> Any:
-        """get_inputs() under `seed`, created on the device when possible (fast for big inputs), dtypes kept."""
+    def serve(self) -> None:
+        """Answer the judge's steps until "finish" (or the judge goes away)."""
+        handlers = {"job": self.load, "trial": self.trial, "trace": self.trace_forward,
+                    "timing_sets": self.make_timing_sets, "time": self.time, "timed_output": self.timed_output,
+                    "freshness": self.check_freshness, "kernel_trace": self.trace_kernels, "finish": self.finish}
+        while True:
+            try:
+                header, _ = _channel_recv(self.sock, max_header=64 << 20)
+            except ChannelError:
+                return
+            op = header["op"]
+            handler = handlers.get(op)
+            if handler is None:
+                return
+            try:
+                handler(header)
+            except CandidateError as e:
+                self.reply("error", message=str(e))
+            except ChannelError:
+                return
+            if op == "finish":
+                return
+
+    def call(self, inputs, seed: int, who: str):
         set_seed(seed)
         try:
-            with self.device.torch_device:
-                inputs = self.task.get_inputs()
-        except Exception:  # tasks that build inputs on the host explicitly (numpy, .cpu()) are generated there
-            set_seed(seed)
-            inputs = self.task.get_inputs()
-        return map_tree(list(inputs), lambda t: t.to(self.device.torch_device))
-
-    def init_inputs(self) -> list:
-        set_seed(self.seed)
-        values = list(self.task.get_init_inputs())
-        return map_tree(values, lambda t: t.to(self.device.torch_device))
-
-    def call(self, model, inputs, seed: int, who: str):
-        set_seed(seed)
-        try:
-            out = model(*inputs)
+            out = self.cand_model(*inputs)
             self.device.sync()
         except BaseException as e:  # SystemExit/KeyboardInterrupt from candidate code are verdicts too
-            if who == "reference":
-                raise ReferenceError_(format_exception(e, "reference forward"))
             raise CandidateError(format_exception(e, who))
         return out
 
-    # the phases
-    def _run(self) -> None:
+    def make_inputs(self, seed: int) -> list:
+        return make_inputs(self.task, self.device, seed)
+
+    # steps
+    def load(self, job: dict) -> None:
+        self.job = job
+        self.cfg = job["config"]
+        self.dyn = self.cfg.get("dynamic", {})
         self.seed = int(self.cfg.get("seed", 42))
-        kind = self.job.get("kind", "evaluate")
-        self.phase("load_task")
+        ref = job.get("ref") or {}
+        self.ref_ops = list(ref.get("ops") or [])
+        self.ref_mutates_inputs = bool(ref.get("mutates_inputs"))
+        self.ref_aliases_inputs = bool(ref.get("aliases_inputs"))
         try:
-            self.task = exec_module(self.job["task_source"], TASK_MODULE, dynamic_checks.TASK_FILENAME)
-            for name in ("Model", "get_inputs", "get_init_inputs"):
-                if not hasattr(self.task, name):
-                    raise AttributeError(f"the task defines no {name}")
-            init = self.init_inputs()
-            set_seed(self.seed)
-            self.ref_model = self.task.Model(*map_tree(init, lambda t: t.clone())).to(self.device.torch_device)
-        except ReferenceError_:
-            raise
-        except Exception as e:
-            raise ReferenceError_(format_exception(e, "loading the reference"))
-
-        self.phase("reference_warmup")
-        warm_inputs = self.make_inputs(self.seed - 1)
-        guard = map_tree(warm_inputs, lambda t: t.clone())
-        warm_out = self.call(self.ref_model, warm_inputs, self.seed, "reference")
-        try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
-            self.ref_ops = dynamic_checks.reference_compute_ops(
-                lambda: self.ref_model(*map_tree(warm_inputs, lambda t: t.clone())))
-        except Exception as e:
-            self.ref_ops = []
-            self.meta["reference_trace_error"] = format_exception(e, "tracing the reference")
-        self.device.sync()
-        ref_ops = self.ref_ops
-        self.ref_mutates_inputs = not bitwise_equal(warm_inputs, guard)
-        self.ref_aliases_inputs = any(overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
-        self.output_bytes = tree_nbytes(warm_out)
-        self.input_dtypes = dtype_signature(warm_inputs)
-        self.meta.update(reference_ops=ref_ops, input_dtypes=self.input_dtypes, output=compare.structure(warm_out))
-        del warm_out, warm_inputs, guard
-
-        self.phase("import_candidate")
+            self.task = load_task(job["task_source"])
+        except Exception as e:  # the judge loaded the same source: this cannot be the task's fault
+            raise CandidateError(format_exception(e, "loading the task next to the candidate"))
         modules_before = set(sys.modules)
+        # This module is __main__ here (python -m): its functions and classes are watched like torch's.
+        own = [sys.modules[__name__], channel, wire, harness]
         self.snapshot = dynamic_checks.IdentitySnapshot(
-            dynamic_checks.default_watch_modules(), dynamic_checks.default_watch_classes() + [self.task.Model],
+            dynamic_checks.default_watch_modules() + own,
+            dynamic_checks.default_watch_classes() + [self.task.Model, Worker, Device, dynamic_checks.ForwardTrace,
+                                                      dynamic_checks.KernelTrace, dynamic_checks.IdentitySnapshot,
+                                                      dynamic_checks.ThreadWatch],
             {"task": vars(self.task)})
         self.threads = dynamic_checks.ThreadWatch()
         self._install_prebuilt()
         try:
-            self.cand_module = exec_module(self.job["code"], CANDIDATE_MODULE, dynamic_checks.CANDIDATE_FILENAME)
+            self.cand_module = exec_module(job["code"], CANDIDATE_MODULE, dynamic_checks.CANDIDATE_FILENAME)
         except BaseException as e:
             raise CandidateError(format_exception(e, "importing the candidate"))
         if not hasattr(self.cand_module, "ModelNew"):
             raise CandidateError("the program defines no ModelNew")
         self.check_identities("after import")
-
-        self.phase("init_candidate")
         try:
-            init = self.init_inputs()
+            init = init_inputs(self.task, self.device, self.seed)
             set_seed(self.seed)
             self.cand_model = self.cand_module.ModelNew(*init)
             self.cand_model = self.cand_model.to(self.device.torch_device)
@@ -381,36 +166,121 @@ class JobRunner:
             raise CandidateError(format_exception(e, "ModelNew(*get_init_inputs())"))
         self.ext_functions = self._extension_functions(modules_before)
         self.meta["extension_functions"] = len(self.ext_functions)
+        self.model_tensors = [t for t in list(self.cand_model.parameters()) + list(self.cand_model.buffers())]
+        self.prev_output = None
+        self.recent_sizes: list[int] = []
+        self.trial_ops: set[str] = set()
+        self.reply("loaded")
 
-        n_trials = 1 if kind == "retime" else int(self.cfg.get("num_trials", 5))
-        self.run_trials(n_trials)
-        if kind == "evaluate":
-            self.phase("trace")
-            self.trace_forward()
-            self.check_threads()
-        if not self.correct:
-            self.check_identities("after the trials")
-            return
-        self.phase("timing")
-        self.run_timing(use_cache=(kind == "evaluate"))
-        if kind == "evaluate":
-            self.phase("freshness")
-            self.check_freshness()
-            if self.device.type == "cuda" and self.dyn.get("kernel_trace", True):
-                if self.device.info.get("kernel_trace"):
-                    self.phase("kernel_trace")
-                    self.trace_kernels()
-                else:
-                    self.meta["kernel_trace_skipped"] = self.device.info.get("kernel_trace_error")
+    def trial(self, msg: dict) -> None:
+        t, seed_t = int(msg["t"]), int(msg["seed"])
+        inputs = self.make_inputs(seed_t)
+        guard = map_tree(inputs, lambda x: x.clone())
+        dynamic_checks.poison_free_memory(self.device.type, self.recent_sizes)
+        # Every trial call is traced, not only the one of the trace step: a program that behaves differently when
+        # it believes it is watched has to tell these calls apart from untraced ones first.
+        trace = dynamic_checks.ForwardTrace(self.ext_functions)
+        try:
+            with trace:
+                out = self.call(inputs, seed_t + 7, f"trial {t}: ModelNew.forward")
+        finally:
+            self._judge_ops(trace, f"trial {t}")
+        if not self.ref_mutates_inputs and not bitwise_equal(inputs, guard):
+            self.flag("input_mutated", f"trial {t}: forward modified its input tensors")
+        out_tensors = tensors_in(out)
+        if not self.ref_aliases_inputs and any(overlaps(o, tensors_in(inputs)) for o in out_tensors):
+            self.flag("output_aliases_input", f"trial {t}: an output shares memory with an input")
+        if any(overlaps(o, self.model_tensors) for o in out_tensors):
+            self.flag("output_aliases_parameter", f"trial {t}: an output shares memory with a parameter/buffer")
+        self.reply_output(out)
+        # Kept alive until the next call: the memory of the previous output cannot be handed to the candidate.
+        self.prev_output = out
+        self.recent_sizes = [x.numel() * x.element_size() for x in out_tensors]
+
+    def _judge_ops(self, trace, when: str) -> None:
+        d = self.dyn
+        py_ops, heavy = trace.python_compute_ops(), trace.heavy_ops()
+        ref_shared = [op for op in trace.compute_ops() if op in set(self.ref_ops)]
+        if d.get("forbid_python_torch_compute", True) and py_ops:
+            self.flag("torch_compute_in_forward", f"forward ran PyTorch ops from Python: {', '.join(py_ops[:6])}")
+        if d.get("forbid_reference_ops", True) and ref_shared:
+            self.flag("reference_op", f"forward ran the reference's PyTorch ops: {', '.join(ref_shared[:6])}")
+        if d.get("forbid_library_heavy_ops", True) and heavy:
+            self.flag("library_heavy_op", f"forward ran PyTorch library ops: {', '.join(heavy[:6])}")
+        if self.device.type == "cuda" and d.get("forbid_host_transfer", True) and trace.host_transfers():
+            self.flag("host_transfer", f"forward copied tensors between GPU and host {trace.host_transfers()} time(s)")
+        if trace.task_code_calls:
+            self.flag("calls_reference_model",
+                      f"forward executed the reference task's code ({', '.join(sorted(trace.task_code_calls))})")
+
+    def make_timing_sets(self, msg: dict) -> None:
+        n, seed = max(1, min(64, int(msg["n_sets"]))), int(msg["seed"])
+        self.timing_sets = [self.make_inputs(seed + i) for i in range(n)]
+        gc.collect()  # here, not in the timed loop's command: the judge's clock is running there
+        self.reply("ok")
+
+    def time(self, msg: dict) -> None:
+        """One timed loop of exactly the judge's length on the rotated timing sets (rotation restarts at set 0)."""
+        warmup, reps, method = int(msg["warmup"]), int(msg["reps"]), str(msg.get("method", "device_sync"))
+        if not self.timing_sets or not (0 <= warmup <= 1000 and 1 <= reps <= 10000) or method not in timing.METHODS:
+            raise CandidateError("internal: bad timing request")
+        timer = self.device.timer_for(method)
+        sets, model = self.timing_sets, self.cand_model
+        counter, last = [0], [None]
+
+        def fn():
+            i = counter[0]
+            counter[0] = (i + 1) % len(sets)
+            last[0] = model(*sets[i])
+
+        flush = timing.l2_flush_bytes(self.device.type)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a collection inside a timed rep would be noise
+        try:
+            times = list(timer.time(fn, warmup=warmup, reps=reps, l2_flush_bytes=flush, sync_device=True))
+        except BaseException as e:
+            raise CandidateError(format_exception(e, "timing ModelNew.forward"))
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self.last_output = last[0]
+        if len(times) == reps:
+            self.forward_ms = sorted(times)[len(times) // 2]
+        self.reply("timed", times=times, timer=timing.timer_name(timer), gate=getattr(timer, "meta", None))
+
+    def timed_output(self, msg: dict) -> None:
+        self.reply_output(self.last_output)
+        self.last_output = None
+
+    def check_freshness(self, msg: dict) -> None:
+        """Same tensors (same addresses), new contents: a candidate caching results by address/shape is caught."""
+        inputs = self.make_inputs(self.seed + FRESH_LAYOUT_SEED)  # the layout of timing set 0
+        for dst, src in zip(tensors_in(inputs), tensors_in(self.make_inputs(self.seed + FRESH_FIRST_SEED))):
+            dst.copy_(src)
+        self.call(inputs, self.seed + 11, "freshness check: ModelNew.forward")
+        # Warm the cache the way timing did, then change the contents in place and call again.
+        for dst, src in zip(tensors_in(inputs), tensors_in(self.make_inputs(self.seed + FRESH_SEED))):
+            dst.copy_(src)
+        self.device.sync()
+        out = self.call(inputs, self.seed + 11, "freshness check: ModelNew.forward")
+        self.reply_output(out)
+
+    def trace_forward(self, msg: dict) -> None:
+        self._trace_forward()
+        self.check_threads()
+        self.reply("traced")
+
+    def trace_kernels(self, msg: dict) -> None:
+        if self.device.info.get("kernel_trace"):
+            self._trace_kernels()
+        else:
+            self.meta["kernel_trace_skipped"] = self.device.info.get("kernel_trace_error")
+        self.reply("traced")
+
+    def finish(self, msg: dict) -> None:
         self.check_identities("at the end")
         self.check_threads()
-        if self.cfg.get("ref_compile") and self.device.type == "cuda":
-            # Last, after the candidate is judged: torch.compile patches torch.nn.Module.__init__/__setstate__
-            # (dynamo's mutation guard) and starts threads of its own, which the checks above would pin on the
-            # candidate (docs/LOG.md, session 5: every honest kernel flagged under --torch_compile_baseline).
-            self.phase("ref_compile")
-            self.threads.stop_recording()
-            self.meta["ref_compile_timing"] = self._time_compiled_reference()
+        self.reply("final")
 
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
@@ -445,60 +315,8 @@ class JobRunner:
                         seen.add(id(v))
         return found
 
-    def run_trials(self, n_trials: int) -> None:
-        atol, rtol = float(self.cfg.get("atol", 1e-2)), float(self.cfg.get("rtol", 1e-2))
-        strict = self.cfg.get("strict_fp32")
-        model_tensors = [t for m in (self.cand_model, self.ref_model)
-                         for t in list(m.parameters()) + list(m.buffers())]
-        prev_c = prev_r = None
-        recent_sizes: list[int] = []
-        self.correct = True
-        for t in range(n_trials):
-            self.phase("correctness", trial=t)
-            seed_t = self.seed + 1 + 1000 * t
-            inputs = self.make_inputs(seed_t)
-            ref_inputs = map_tree(inputs, lambda x: x.clone())
-            guard = map_tree(inputs, lambda x: x.clone())
-            dynamic_checks.poison_free_memory(self.device.type, recent_sizes)
-            out_c = self.call(self.cand_model, inputs, seed_t + 7, f"trial {t}: ModelNew.forward")
-            bad_types = non_plain_tensors(out_c)
-            if bad_types:
-                self.flag("output_not_plain_tensor",
-                          f"forward returned {', '.join(bad_types)} instead of a plain torch.Tensor")
-                self.trials.append({"max_abs_err": None, "max_rel_err": None, "mismatch_frac": 1.0, "passed": False,
-                                    "message": f"output is not a plain torch.Tensor ({bad_types[0]})"})
-                self.correct = False
-                return
-            if not self.ref_mutates_inputs and not bitwise_equal(inputs, guard):
-                self.flag("input_mutated", f"trial {t}: forward modified its input tensors")
-            out_tensors = tensors_in(out_c)
-            if not self.ref_aliases_inputs and any(overlaps(o, tensors_in(inputs)) for o in out_tensors):
-                self.flag("output_aliases_input", f"trial {t}: an output shares memory with an input")
-            if any(overlaps(o, model_tensors) for o in out_tensors):
-                self.flag("output_aliases_parameter", f"trial {t}: an output shares memory with a parameter/buffer")
-            out_r = self.call(self.ref_model, ref_inputs, seed_t + 7, "reference")
-            result = compare_outputs(out_c, out_r, atol=atol, rtol=rtol, strict_fp32=strict)
-            result["trial"] = t
-            self.trials.append(result)
-            if not result["passed"]:
-                self.correct = False
-                self._explain_mismatch(t, out_c, prev_c, prev_r, atol, rtol)
-                return
-            prev_c, prev_r = out_c, out_r  # kept alive until the next candidate call: their memory is not reusable
-            recent_sizes = [x.numel() * x.element_size() for x in tensors_in(out_r)]
-            del inputs, ref_inputs, guard
 
-    def _explain_mismatch(self, t, out_c, prev_c, prev_r, atol, rtol) -> None:
-        """A wrong output that is really a hack: stale memory, or the previous call's result."""
-        poisoned = max((compare.poison_fraction(x) for x in tensors_in(out_c)), default=0.0)
-        if poisoned > 0.5:
-            self.flag("stale_output", f"trial {t}: {poisoned:.0%} of the output is memory the candidate never wrote")
-        if prev_c is not None and bitwise_equal(out_c, prev_c):
-            self.flag("cached_output", f"trial {t}: fresh inputs gave exactly the previous trial's output")
-        elif prev_r is not None and compare_outputs(out_c, prev_r, atol=atol, rtol=rtol)["passed"]:
-            self.flag("stale_output", f"trial {t}: output equals the previous trial's reference output")
-
-    def trace_forward(self) -> None:
+    def _trace_forward(self) -> None:
         inputs = self.make_inputs(self.seed + 555)
         trace = dynamic_checks.ForwardTrace(self.ext_functions)
         try:
@@ -542,107 +360,12 @@ class JobRunner:
             self.flag("monkeypatch", f"{when}: replaced {', '.join(changed[:5])}"
                                      + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""))
 
-    # timing
-    def _timing_sets(self) -> list:
-        per_set = max(1, tree_nbytes(self.make_inputs(self.seed + 999)))
-        budget = int(self.cfg.get("timing_inputs_max_bytes", 4 << 30))
-        n_sets = max(1, min(int(self.cfg.get("timing_input_sets", 4)), budget // per_set))
-        return [self.make_inputs(self.seed + 2000 + i) for i in range(n_sets)]
-
-    def run_timing(self, use_cache: bool) -> None:
-        sets = self.timing_sets = self._timing_sets()
-        tcfg = self.timing_config = timing.TimingConfig(**self.cfg.get("timing", {}))
-        self.meta["timing_input_sets"] = len(sets)
-
-        def runner(model):
-            return lambda i: model(*sets[i])
-
-        key_parts = [self.device.name, f"torch {torch.__version__}", self.input_dtypes, f"sets {len(sets)}",
-                     json.dumps(self.cfg.get("timing", {}), sort_keys=True), timing.timer_name(self.device.timer)]
-        self.ref_timing_key = " | ".join(key_parts)
-        cached = (self.job.get("ref_timing_cache") or {}).get(self.ref_timing_key) if use_cache else None
-        waited = _monotonic()
-        with self.device.exclusive():  # no other worker initialises CUDA on this GPU while we measure
-            self.meta["timing_lock_wait_s"] = round(_monotonic() - waited, 4)
-            try:
-                self.timing = timing.time_rotating(runner(self.cand_model), len(sets), timer=self.device.timer,
-                                                   device_type=self.device.type, config=tcfg)
-            except BaseException as e:
-                raise CandidateError(format_exception(e, "timing ModelNew.forward"))
-            if cached:
-                self.ref_timing = cached
-                if not self._cached_reference_holds(cached, runner(self.ref_model), len(sets)):
-                    cached = None
-            if not cached:
-                try:
-                    self.ref_timing = timing.time_rotating(runner(self.ref_model), len(sets),
-                                                           timer=self.device.timer, device_type=self.device.type,
-                                                           config=tcfg)
-                except Exception as e:
-                    raise ReferenceError_(format_exception(e, "timing the reference"))
-                self.ref_timing_measured = True
-
-    def _cached_reference_holds(self, cached: dict, call, n_sets: int) -> bool:
-        """A cached reference time is a measurement from another process, maybe under other conditions. A short
-        re-timing of the reference right after the candidate's (same lock, same inputs) says whether it still holds:
-        - the reference now runs REF_DRIFT x faster: the cached time was taken on a slower GPU state (it would
-          inflate every speedup): False, so the reference is timed in full now and the cache updated;
-        - REF_DRIFT x slower: the GPU is slower now than when the reference was cached (another process on it, e.g.
-          session 8's orphaned worker; or clocks): the cached time is kept, since a candidate must not be able to
-          raise its speedup by slowing what runs after it, and meta.timing_contended says the speedup is an
-          under-estimate.
-        Otherwise the cached time stands."""
-        try:
-            check = timing.time_rotating(call, n_sets, timer=self.device.timer, device_type=self.device.type,
-                                         config=REF_CHECK)
-        except Exception as e:
-            raise ReferenceError_(format_exception(e, "re-timing the reference"))
-        ratio = check["median_ms"] / max(float(cached["median_ms"]), 1e-9)
-        self.meta["ref_check"] = {"cached_ms": cached["median_ms"], "check_ms": round(check["median_ms"], 6),
-                                  "ratio": round(ratio, 3)}
-        if ratio * REF_DRIFT < 1.0:
-            return False
-        if ratio > REF_DRIFT:
-            self.meta["timing_contended"] = True
-        return True
-
-    def _time_compiled_reference(self) -> dict | None:
-        """torch.compile(reference) on the candidate's timing inputs, with its timing settings (set by run_timing)."""
-        sets, tcfg = self.timing_sets, self.timing_config
-        try:
-            compiled = torch.compile(self.ref_model)
-            for s in sets:           # compiles (CPU-bound, minutes at worst) outside the GPU's timing lock
-                compiled(*s)
-            with self.device.exclusive():
-                return timing.time_rotating(lambda i: compiled(*sets[i]), len(sets), timer=self.device.timer,
-                                            device_type=self.device.type, config=tcfg)
-        except Exception as e:  # torch.compile failing on a task is information, not a verdict
-            return {"error": format_exception(e, "torch.compile(reference)")}
-
-    def check_freshness(self) -> None:
-        """Same tensors (same addresses), new contents: a candidate caching results by address/shape is caught."""
-        inputs = self.make_inputs(self.seed + 2000)  # the layout of timing set 0
-        fresh = self.make_inputs(self.seed + 4242)
-        for dst, src in zip(tensors_in(inputs), tensors_in(fresh)):
-            dst.copy_(src)
-        out_c = self.call(self.cand_model, inputs, self.seed + 11, "freshness check: ModelNew.forward")
-        # Warm the cache the way timing did, then change the contents in place and call again.
-        for dst, src in zip(tensors_in(inputs), tensors_in(self.make_inputs(self.seed + 4343))):
-            dst.copy_(src)
-        self.device.sync()
-        out_c = self.call(self.cand_model, inputs, self.seed + 11, "freshness check: ModelNew.forward")
-        out_r = self.call(self.ref_model, map_tree(inputs, lambda x: x.clone()), self.seed + 11, "reference")
-        result = compare_outputs(out_c, out_r, atol=float(self.cfg.get("atol", 1e-2)),
-                                 rtol=float(self.cfg.get("rtol", 1e-2)), strict_fp32=self.cfg.get("strict_fp32"))
-        if not result["passed"]:
-            self.flag("cached_output", "after the inputs were overwritten in place (same addresses), the output "
-                                       f"did not follow: {result['message']}")
 
     def _forward_ms(self) -> float:
-        """The candidate's measured forward time (ms), or 0 before/without timing."""
-        return float((self.timing or {}).get("median_ms") or 0.0)
+        """The candidate's forward time (ms) in its own timed loop, or 0 before/without timing."""
+        return float(self.forward_ms or 0.0)
 
-    def trace_kernels(self) -> None:
+    def _trace_kernels(self) -> None:
         """Work left on another stream (the KernelBench side-stream hack: forward launches its kernel on a private
         stream and returns at once, so a timer on the current stream sees nothing). Two passes:
         1. Fork check (deterministic): the current stream is held by a spin kernel while forward is called once;
@@ -750,58 +473,38 @@ class JobRunner:
 
 
 # --- process entry --------------------------------------------------------------------------------------------
-_STARTED = time.monotonic()
-
-
-def _phase(what: str) -> None:
-    """Start-up milestones on stderr: the pool shows the stderr tail of a worker that failed to start."""
-    sys.stderr.write(f"[cuda_eval.worker +{time.monotonic() - _STARTED:.2f}s] {what}\n")
-    sys.stderr.flush()
-
-
-def _read_job_path() -> str | None:
-    line = sys.stdin.readline()
-    return line.strip() or None
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--cpu-threads", type=int, default=1)
-    parser.add_argument("--device-lock", default=None, help="file all workers of this device flock around "
+    parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
+    parser.add_argument("--device-lock", default=None, help="file all processes of this device flock around "
                         "CUDA initialisation and timing")
     parser.add_argument("--start-timeout", type=float, default=0.0,
                         help="dump every thread's Python stack to stderr if start-up takes longer than this (the "
                         "pool kills a worker that is not ready in time; the dump says where it hung)")
     args = parser.parse_args(argv)
-    workdir = os.getcwd()
+    sock = socket.socket(fileno=args.channel_fd)
     if args.start_timeout > 0:
         faulthandler.dump_traceback_later(args.start_timeout, exit=False)
-    _phase(f"torch {torch.__version__} imported")
+    milestone("worker", f"torch {torch.__version__} imported")
     try:
-        device = Device(args.device_type, args.cpu_threads, args.device_lock)
+        device = Device(args.device_type, args.cpu_threads, args.device_lock, who="worker", checks=True)
     except BaseException as e:
-        write_json_atomic(os.path.join(workdir, "ready.json"), {"ok": False, "error": format_exception(e, "start")})
+        channel.send(sock, {"op": "ready", "ok": False, "error": format_exception(e, "start")})
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()
         os._exit(3)
     faulthandler.cancel_dump_traceback_later()
-    _phase("ready")
-    write_json_atomic(os.path.join(workdir, "ready.json"), {"ok": True, **device.info})
-    job_path = _read_job_path()
-    if job_path is None:
-        os._exit(0)
-    with open(job_path) as f:
-        job = json.load(f)
-    result_path = os.path.join(os.path.dirname(job_path), "result.json")
-    runner = JobRunner(job, device, os.path.dirname(job_path))
+    milestone("worker", "ready")
     try:
-        result = runner.run()
-    except BaseException:  # a bug of ours: report it as such, never as the candidate's failure
-        result = runner.result(status="internal_error", internal_error=traceback.format_exc()[-MAX_ERROR_CHARS:])
-    write_json_atomic(result_path, result)
+        channel.send(sock, {"op": "ready", "ok": True, "info": device.info})
+        Worker(device, sock).serve()
+    except ChannelError:
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
+    # os._exit: threads a candidate left behind must not keep this process alive.
     os._exit(0)
 
 

@@ -1,4 +1,5 @@
-"""Start one evaluator worker on the GPU, sandboxed and not, and say how far it gets (a start-up hang's stack).
+"""Start one evaluator worker and one judge on the GPU, sandboxed and not, and say how far each gets (a start-up
+hang's stack).
 
     python benchmarks/device/worker_probe.py --timeout 60
 
@@ -7,6 +8,7 @@ Then one honest candidate through the whole Evaluator. Prints every worker's std
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,36 +20,54 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cuda_eval"))
 
 
+def _ready(sock, timeout: float) -> str:
+    from cuda_eval import channel
+    try:
+        header, _ = channel.recv(sock, deadline=time.monotonic() + timeout)
+        return json.dumps(header, default=str)[:600]
+    except channel.ChannelError as e:
+        return f"no ready message ({e})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--timeout", type=float, default=60)
     args = ap.parse_args()
     from cuda_eval import sandbox
-    argv = [sys.executable, "-m", "cuda_eval.worker", "--device-type", "cuda", "--start-timeout",
-            str(args.timeout - 5)]
-    # 1. plain subprocess (root, full environment): isolates sandbox effects.
-    work = tempfile.mkdtemp(prefix="probe_plain_", dir="/tmp")
-    t0 = time.monotonic()
-    try:
-        res = subprocess.run(argv, cwd=work, input=b"", capture_output=True, timeout=args.timeout,
-                             env=dict(os.environ, PYTHONPATH=str(REPO)))
-        print(f"[plain] exit {res.returncode} after {time.monotonic() - t0:.1f}s\n{res.stderr.decode()[-4000:]}")
-    except subprocess.TimeoutExpired as e:
-        print(f"[plain] TIMEOUT after {args.timeout}s\n{(e.stderr or b'').decode()[-6000:]}")
-    print("[plain] ready.json:", open(os.path.join(work, "ready.json")).read()[:600]
-          if os.path.exists(os.path.join(work, "ready.json")) else None, flush=True)
-    # 2. sandboxed, like the pool.
-    work = tempfile.mkdtemp(prefix="probe_sb_", dir="/tmp")
-    os.chmod(work, 0o777)
-    limits = sandbox.SandboxLimits(address_space_bytes=None, wall_timeout_s=args.timeout, processes=4096,
-                                   cpu_seconds=3600, open_files=4096)
-    t0 = time.monotonic()
-    res = sandbox.run_sandboxed(argv, work, limits, extra_env={"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
-    print(f"[sandbox] exit {res.get('exit_code')} signal {res.get('signal')} timed_out {res.get('timed_out')} "
-          f"uid {res.get('uid')} after {time.monotonic() - t0:.1f}s")
-    print(res["stderr"].decode(errors="replace")[-6000:])
-    print("[sandbox] ready.json:", open(os.path.join(work, "ready.json")).read()[:600]
-          if os.path.exists(os.path.join(work, "ready.json")) else None, flush=True)
+    for module in ("cuda_eval.worker", "cuda_eval.judge"):
+        # 1. plain subprocess (root, full environment): isolates sandbox effects.
+        ours, theirs = socket.socketpair()
+        argv = [sys.executable, "-m", module, "--device-type", "cuda", "--channel-fd", str(theirs.fileno())]
+        work = tempfile.mkdtemp(prefix="probe_plain_", dir="/tmp")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=work, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                pass_fds=(theirs.fileno(),), env=dict(os.environ, PYTHONPATH=str(REPO)))
+        theirs.close()
+        print(f"[plain {module}] ready: {_ready(ours, args.timeout)} after {time.monotonic() - t0:.1f}s", flush=True)
+        ours.close()  # the process sees the end of its socket and exits
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        print(f"[plain {module}] exit {proc.returncode}\n{err.decode(errors='replace')[-4000:]}", flush=True)
+        # 2. sandboxed, like the pool.
+        ours, theirs = socket.socketpair()
+        argv = [sys.executable, "-m", module, "--device-type", "cuda"]
+        work = tempfile.mkdtemp(prefix="probe_sb_", dir="/tmp")
+        limits = sandbox.SandboxLimits(address_space_bytes=None, wall_timeout_s=args.timeout, processes=4096,
+                                       cpu_seconds=3600, open_files=4096)
+        t0 = time.monotonic()
+        proc = sandbox.spawn_sandboxed(argv, work, limits, extra_env={"PYTHONUNBUFFERED": "1",
+                                                                      "PYTHONFAULTHANDLER": "1"},
+                                       pass_fds=(theirs.fileno(),))
+        theirs.close()
+        print(f"[sandbox {module}] uid {proc.uid} ready: {_ready(ours, args.timeout)} after "
+              f"{time.monotonic() - t0:.1f}s", flush=True)
+        ours.close()
+        res = proc.wait(30)
+        print(f"[sandbox {module}] exit {res.get('exit_code')} signal {res.get('signal')} timed_out "
+              f"{res.get('timed_out')}\n{res['stderr'].decode(errors='replace')[-4000:]}", flush=True)
     # 3. the Evaluator on one honest candidate.
     import corpus_index
     from cuda_eval.api import EvalConfig, Evaluator

@@ -18,7 +18,8 @@ BY_NAME = {c.name: c for c in CPU}
 def cpu_config(**kw) -> EvalConfig:
     base = dict(device_type="cpu", run_timeout_s=20,
                 skip_run_on_static_flags=False, num_correct_trials=3, timing_target_s=0.05, timing_min_reps=5,
-                timing_max_reps=30, timing_input_sets=2, spare_workers=1, retime_speedup_threshold=0)
+                timing_max_reps=30, timing_input_sets=2, spare_workers=1, retime_speedup_threshold=0,
+                worker_memory_bytes=2 << 30)
     base.update(kw)
     return EvalConfig(**base)
 
@@ -106,3 +107,36 @@ def test_cached_reference_time_is_checked_next_to_each_candidate(compile_pool, t
         assert contended.correct and contended.meta["ref_timing_cached"] is True
         assert contended.ref_timing["median_ms"] == true_ms / 10             # kept: never raised by a re-timing
         assert contended.meta["ref_check"]["ratio"] > 1.5 and contended.meta["timing_contended"] is True
+
+
+def test_forged_verdict_files_never_reach_the_verdict_or_the_cache(compile_pool, tmp_path):  # noqa: F811
+    """The candidate writes a whole forged verdict (correct, 100x, a 5 ms reference, no flags) into result.json,
+    progress.json and ready.json of its working directory, then returns zeros. Nothing there is read: the judge,
+    another process under another uid, compares the outputs itself (incorrect), and the reference-timing cache holds
+    only the judge's own measurement, taken before the candidate was loaded."""
+    from cuda_eval.ref_timing import task_hash
+    cand = BY_NAME["forge_result_file"]
+    with Evaluator(cpu_config(ref_timing_cache_dir=str(tmp_path / "ref")), compile_pool=compile_pool) as ev:
+        r = ev.evaluate([corpus_index.request(cand)])[0]
+        entries = ev.ref_cache.entries(task_hash(cand.task_source))
+    assert r.correct is False and r.speedup is None and r.trials and not r.trials[-1]["passed"], r
+    assert entries and "forged" not in entries
+    assert all(e["median_ms"] != 5.0 for e in entries.values())
+
+
+def test_the_attacks_on_the_judge_get_their_verdicts(cpu_results):
+    """Each attack of the trust-boundary audit, rebuilt as a candidate (docs/EVALUATOR.md, "Trust boundary")."""
+    exited = cpu_results["forge_result_and_exit"]
+    assert exited.correct is False and "exited with code 7" in exited.runtime_error
+    patched = cpu_results["patch_harness_in_process"]  # compare/flag replaced in its own process: no effect
+    assert patched.correct is False and "elements differ" in patched.trials[-1]["message"]
+    watcher = cpu_results["watch_for_the_trace"]  # every trial call is traced, and there is no phase file
+    assert "torch_compute_in_forward" in {f["code"] for f in watcher.hack_flags}
+    forger = cpu_results["forge_timer"]  # reports 1 us per call while doing the work: the judge's clock disagrees
+    check = forger.meta["timing_check"][-1]
+    assert check["wall_s"] > 10 * check["accounted_s"], check
+    memory = cpu_results["eat_host_memory"]
+    assert memory.correct is False and "allocate" in memory.runtime_error
+    honest = cpu_results["honest_relu"]
+    assert honest.meta["timed_output_check"] == "passed"
+    assert all(c["wall_s"] <= c["bound_s"] for c in honest.meta["timing_check"])

@@ -1,0 +1,267 @@
+"""What the judge and the candidate's worker share: the device, seeding, task loading, inputs, messages.
+
+Both processes load the task and build inputs the same way from the same seeds, so the inputs a candidate sees are
+the ones the judge computes the reference on; only outputs cross between them (channel.py, wire.py). Imports torch:
+judge and worker processes only.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import fcntl
+import importlib
+import linecache
+import os
+import random
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+import torch
+
+from cuda_eval import dynamic_checks, timing
+from cuda_eval.compare import tensors_in
+
+# Captured before any candidate code runs (a candidate replacing them is flagged as monkeypatch; in the judge no
+# candidate code ever runs).
+_type = builtins.type
+_monotonic = time.monotonic
+_cuda_synchronize = torch.cuda.synchronize
+_manual_seed = torch.manual_seed
+_cuda_sleep = getattr(torch.cuda, "_sleep", None)
+_CudaEvent = torch.cuda.Event
+TASK_MODULE = "kernelbench_task"
+CANDIDATE_MODULE = "kernelbench_candidate"
+MAX_ERROR_CHARS = 2500
+CHANNEL_FD = 3  # the socket each judge / worker process gets from the pool (sandbox pass_fds)
+
+
+class CandidateError(Exception):
+    """The candidate failed (raised, crashed the CUDA context, returned garbage types): a verdict, not a bug."""
+
+
+class ReferenceError_(Exception):
+    """The reference program itself failed: the task is broken, not the candidate."""
+
+
+_STARTED = time.monotonic()
+
+
+def milestone(who: str, what: str) -> None:
+    """Start-up milestones on stderr: the pool shows the stderr tail of a process that failed to start."""
+    sys.stderr.write(f"[cuda_eval.{who} +{time.monotonic() - _STARTED:.2f}s] {what}\n")
+    sys.stderr.flush()
+
+
+def exec_module(source: str, name: str, filename: str) -> types.ModuleType:
+    """Execute `source` as a real module (registered in sys.modules; tracebacks show its lines)."""
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    sys.modules[name] = module
+    code = compile(source, filename, "exec")
+    exec(code, module.__dict__)
+    return module
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    _manual_seed(seed)  # every device's generator
+    try:
+        import numpy as np
+        np.random.seed(seed % (2 ** 32))
+    except ImportError:
+        pass
+
+
+def format_exception(exc: BaseException, context: str) -> str:
+    """`context: Type: message` plus the candidate's own frames (not ours, not torch's), trimmed."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename in (dynamic_checks.CANDIDATE_FILENAME, dynamic_checks.TASK_FILENAME)]
+    message = str(exc).split("\nCUDA kernel errors might be asynchronously reported")[0]
+    message = message.split("\nFor debugging consider passing CUDA_LAUNCH_BLOCKING")[0].strip()
+    text = f"{context}: {type(exc).__name__}: {message}"
+    if frames:
+        text += "\n" + "".join(traceback.format_list(frames[-4:])).rstrip()
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 15] + "\n... (trimmed)"
+
+
+def map_tree(obj: Any, fn) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if _type(obj) in (list, tuple):
+        return _type(obj)(map_tree(o, fn) for o in obj)
+    return obj
+
+
+def tree_nbytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj))
+
+
+def dtype_signature(obj: Any) -> str:
+    return ",".join(str(t.dtype).replace("torch.", "") for t in tensors_in(obj)) or "none"
+
+
+def load_task(source: str) -> types.ModuleType:
+    task = exec_module(source, TASK_MODULE, dynamic_checks.TASK_FILENAME)
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(task, name):
+            raise AttributeError(f"the task defines no {name}")
+    return task
+
+
+def make_inputs(task: types.ModuleType, device: "Device", seed: int) -> list:
+    """get_inputs() under `seed`, created on the device when possible (fast for big inputs), dtypes kept."""
+    set_seed(seed)
+    try:
+        with device.torch_device:
+            inputs = task.get_inputs()
+    except Exception:  # tasks that build inputs on the host explicitly (numpy, .cpu()) are generated there
+        set_seed(seed)
+        inputs = task.get_inputs()
+    return map_tree(list(inputs), lambda t: t.to(device.torch_device))
+
+
+def init_inputs(task: types.ModuleType, device: "Device", seed: int) -> list:
+    set_seed(seed)
+    values = list(task.get_init_inputs())
+    return map_tree(values, lambda t: t.to(device.torch_device))
+
+
+def trial_seed(seed: int, t: int) -> int:
+    """Inputs of correctness trial t (the call itself runs after seed + 7: dropout and friends)."""
+    return seed + 1 + 1000 * t
+
+
+TIMING_SEED = 2000         # timing input set i: seed + TIMING_SEED + i
+FRESH_LAYOUT_SEED = 2000   # the freshness check overwrites timing set 0's tensors (same addresses) ...
+FRESH_FIRST_SEED = 4242    # ... first with these contents ...
+FRESH_SEED = 4343          # ... then with these: the output must follow
+
+
+# --- device state ---------------------------------------------------------------------------------------------
+class Device:
+    """The device of a judge or worker process. `lock_path` names a file shared by all processes of the same GPU:
+    exclusive flock while one initialises CUDA (start-up) and while the judge times, so that a process starting up
+    never disturbs a measurement (the kernel releases the lock if a process dies). `checks`: the candidate's worker
+    also prepares the kernel trace and the fork-check gate."""
+
+    def __init__(self, device_type: str, cpu_threads: int, lock_path: str | None = None, *, who: str,
+                 checks: bool):
+        self.type = device_type
+        self.lock_path = lock_path
+        self.who = who
+        torch.set_grad_enabled(False)  # KernelBench evaluates under no_grad
+        self._warm_up_host(checks)
+        milestone(who, "host warm-up done; waiting for the device lock")
+        with self.exclusive():
+            milestone(who, "device lock held")
+            self._init_device(device_type, cpu_threads, checks)
+
+    @contextlib.contextmanager
+    def exclusive(self, deadline: float | None = None):
+        """The device lock; with a deadline (time.monotonic()), TimeoutError when it cannot be had by then (a
+        candidate's worker may hold it to stall the judge: it gets its own timeout, not ours)."""
+        if not self.lock_path:
+            yield
+            return
+        fd = os.open(self.lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if deadline is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if _monotonic() > deadline:
+                            raise TimeoutError("the GPU's timing lock was not free in time") from None
+                        time.sleep(0.002)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _warm_up_host(self, checks: bool) -> None:
+        """First uses that cost seconds on the host (dispatch-mode machinery, profiler import) belong to start-up,
+        which the pool hides behind earlier candidates."""
+        x = torch.ones(8)
+        dynamic_checks.reference_compute_ops(lambda: torch.relu(x) + 1)
+        if checks:
+            with dynamic_checks.ForwardTrace([]):
+                torch.relu(x)
+            importlib.import_module("torch.profiler")  # imported now, activated only for the kernel trace
+
+    def _init_device(self, device_type: str, cpu_threads: int, checks: bool) -> None:
+        if device_type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("device_type='cuda' but torch sees no CUDA device")
+            torch.cuda.init()
+            torch.empty(1, device="cuda").fill_(0)
+            torch.cuda.synchronize()
+            milestone(self.who, "CUDA context up")
+            self.torch_device = torch.device("cuda", 0)
+            props = torch.cuda.get_device_properties(0)
+            self.name = props.name
+            self.info = {"gpu_name": props.name, "capability": f"{props.major}.{props.minor}",
+                         "total_memory": props.total_memory, "l2_bytes": getattr(props, "L2_cache_size", None),
+                         "cuda_version": torch.version.cuda}
+        else:
+            torch.set_num_threads(max(1, cpu_threads))
+            self.torch_device = torch.device("cpu")
+            self.name = "cpu"
+            self.info = {"gpu_name": None, "cpu_threads": torch.get_num_threads()}
+        self.info.update(device_type=device_type, torch_version=torch.__version__, pid=os.getpid(),
+                         python=sys.version.split()[0])
+        self.timer = timing.make_timer(device_type)
+        self.info["timer"] = timing.timer_name(self.timer)
+        if getattr(self.timer, "fallback_reason", ""):
+            self.info["timer_fallback_reason"] = self.timer.fallback_reason
+        with self.torch_device:
+            torch.randn(4)
+        if self.type == "cuda":  # timer dlopen + scratch buffer, allocator snapshot, CUPTI: first uses are slow
+            self.timer.time(lambda: None, warmup=1, reps=2, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
+            milestone(self.who, f"timer {self.info['timer']} works")
+            if checks:
+                dynamic_checks.poison_free_memory("cuda")
+                milestone(self.who, "free memory poisoned; starting the kernel trace (CUPTI)")
+                try:
+                    with dynamic_checks.KernelTrace():
+                        torch.ones(8, device="cuda").add_(1)
+                    self.info["kernel_trace"] = True
+                except Exception as e:  # no CUPTI here: the job then skips the kernel trace and says so
+                    self.info["kernel_trace"] = False
+                    self.info["kernel_trace_error"] = f"{type(e).__name__}: {e}"[:300]
+            try:
+                self.info["gate_cycles_per_ms"] = self._gate_cycles_per_ms()
+            except Exception as e:  # gated timing falls back to device_sync and the fork check is skipped
+                self.info["gate_error"] = f"{type(e).__name__}: {e}"[:300]
+        self.sync()
+
+    def sync(self) -> None:
+        if self.type == "cuda":
+            _cuda_synchronize()
+
+    def timer_for(self, method: str):
+        """The timer of a timing method (timing.py), made once per process."""
+        timers = self.__dict__.setdefault("_timers", {})
+        if method not in timers:
+            timers[method] = timing.timer_for(method, self.type, self.timer, self.info.get("gate_cycles_per_ms"))
+        return timers[method]
+
+    @staticmethod
+    def _gate_cycles_per_ms() -> float | None:
+        """GPU clock cycles per ms of torch.cuda._sleep's spin kernel, measured before any candidate code runs."""
+        if _cuda_sleep is None:
+            return None
+        start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+        cycles = 4_000_000
+        _cuda_sleep(cycles // 10)  # first launch loads the kernel
+        start.record()
+        _cuda_sleep(cycles)
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        return cycles / ms if ms > 0 else None

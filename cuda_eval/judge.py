@@ -1,0 +1,547 @@
+"""The judge: the trusted half of a GPU evaluation, in a process the candidate cannot touch.
+
+    python -m cuda_eval.judge --device-type cuda|cpu      (started by gpu_pool.py; its socket to the pool is fd 3)
+
+One long-lived judge per device slot, under its own sandbox uid (never a candidate's), runs only our code and the
+task's reference program. Per job the pool hands it a socket to the candidate's worker (worker.py, another process
+under another uid) and the job. The judge then
+ 1. loads the task, builds the reference model under the seed and runs it once (its ATen ops, whether it mutates or
+    aliases its inputs, its output structure);
+ 2. times the reference on the timing inputs (or checks a cached time), holding the device lock, before any
+    candidate code exists anywhere: only these measurements enter the reference-timing cache;
+ 3. drives the worker step by step (load, correctness trials, traced call, timing, freshness, kernel trace, final
+    checks) and, for every trial, computes the reference output on its own copy of the inputs and compares the
+    output the worker sends (wire.py: plain bytes, never pickles) with compare.py;
+ 4. bounds the candidate's own timing: it fixes the number of repetitions, measures the wall time of the timed
+    loop with its own clock (the reported times must account for it) and checks the outputs of the timed calls;
+ 5. answers the pool with the verdict on its own socket. Nothing the worker writes anywhere else is read.
+What the candidate can still forge (checks that run inside its own process, times it under-reports while skipping
+work in the timed loop) is listed in docs/EVALUATOR.md, "Trust boundary".
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from cuda_eval import channel, compare, dynamic_checks, timing, wire
+from cuda_eval.channel import ChannelError
+from cuda_eval.compare import bitwise_equal, compare_outputs, tensors_in
+from cuda_eval.harness import (CHANNEL_FD, FRESH_SEED, MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device,
+                               ReferenceError_, dtype_signature, format_exception, init_inputs, load_task,
+                               make_inputs, map_tree, milestone, set_seed, trial_seed, tree_nbytes)
+
+_monotonic = time.monotonic
+REF_DRIFT = 1.5               # a cached reference time is checked before each candidate: off by more = drift
+REF_CHECK = timing.TimingConfig(target_s=0.02, warmup_s=0.005, min_reps=5, max_reps=50, min_warmup=2, max_warmup=10)
+ESTIMATE_REPS = 3
+WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
+WALL_FIXED_S = 0.1            # ... plus this (process scheduling, the messages)
+CONTROL_MESSAGE_BYTES = 1 << 20
+# What a worker may add to the verdict's meta (anything else it sends is dropped: it is candidate-controlled).
+WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "candidate_ops", "python_ops",
+               "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams", "own_kernel_launches",
+               "kernel_trace_skipped", "identity_changes")
+
+
+class WorkerLost(Exception):
+    """The worker stopped answering (crashed, exited, hung) or broke the protocol."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+class Job:
+    def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float):
+        self.payload = payload
+        self.kind = payload.get("kind", "evaluate")
+        self.cfg = payload["config"]
+        self.dyn = self.cfg.get("dynamic", {})
+        self.device = device
+        self.sock = sock
+        self.deadline = _monotonic() + timeout_s
+        self.seed = int(self.cfg.get("seed", 42))
+        self.atol, self.rtol = float(self.cfg.get("atol", 1e-2)), float(self.cfg.get("rtol", 1e-2))
+        self.strict = self.cfg.get("strict_fp32")
+        self.flags: list[dict] = []
+        self.trials: list[dict] = []
+        self.meta: dict = {"phase_s": {}}
+        self.correct: bool | None = None
+        self.runtime_error: str | None = None
+        self.timing: dict | None = None
+        self.ref_timing: dict | None = None
+        self.ref_timing_measured = False
+        self.ref_timing_key: str | None = None
+        self.lost: dict | None = None
+        self.phase_name, self.trial = "start", None
+        self._phase_started = _monotonic()
+
+    # bookkeeping
+    def phase(self, name: str, trial: int | None = None) -> None:
+        now = _monotonic()
+        self.meta["phase_s"][self.phase_name] = round(now - self._phase_started, 4)
+        self.phase_name, self.trial, self._phase_started = name, trial, now
+
+    def flag(self, code: str, reason: str) -> None:
+        if not any(f["code"] == code for f in self.flags):
+            self.flags.append({"code": code, "reason": reason})
+
+    def verdict(self, status: str = "ok", internal_error: str | None = None) -> dict:
+        self.phase("done")
+        meta = dict(self.meta)
+        meta.update(self.device.info)
+        return {"status": status, "internal_error": internal_error, "correct": self.correct,
+                "runtime_error": self.runtime_error, "trials": self.trials, "timing": self.timing,
+                "ref_timing": self.ref_timing, "ref_timing_measured": self.ref_timing_measured,
+                "ref_timing_key": self.ref_timing_key, "hack_flags": self.flags, "meta": meta, "lost": self.lost}
+
+    # talking to the worker (every answer is untrusted)
+    def send(self, op: str, **fields) -> None:
+        try:
+            channel.send(self.sock, {"op": op, **fields})
+        except ChannelError as e:
+            raise WorkerLost(e.kind, str(e))
+
+    def recv(self, op: str, *, max_blobs: int = 0) -> tuple[dict, list]:
+        try:
+            header, blobs = channel.recv(self.sock, max_blobs=max_blobs, max_header=CONTROL_MESSAGE_BYTES,
+                                         deadline=self.deadline)
+        except ChannelError as e:
+            raise WorkerLost(e.kind, str(e))
+        self._take_flags(header)
+        if header["op"] == "error":
+            raise CandidateError(str(header.get("message", "the candidate failed"))[:MAX_ERROR_CHARS])
+        if header["op"] != op:
+            raise WorkerLost("protocol", f"expected {op!r} from the worker, got {header['op'][:40]!r}")
+        meta = header.get("meta")
+        if isinstance(meta, dict):
+            self.meta.update({k: _plain(meta[k]) for k in WORKER_META if k in meta})
+        return header, blobs
+
+    def _take_flags(self, header: dict) -> None:
+        flags = header.get("flags")
+        if not isinstance(flags, list):
+            return
+        for f in flags[:32]:
+            if isinstance(f, dict) and isinstance(f.get("code"), str) and isinstance(f.get("reason"), str):
+                self.flag(f["code"][:64], f["reason"][:600])
+
+    def ask(self, op: str, reply: str, *, max_blobs: int = 0, **fields) -> tuple[dict, list]:
+        self.send(op, **fields)
+        return self.recv(reply, max_blobs=max_blobs)
+
+    # the job
+    def run(self) -> dict:
+        try:
+            self._run()
+        except CandidateError as e:
+            self.correct = False
+            self.runtime_error = str(e)
+            self._finish_quietly()
+        except ReferenceError_ as e:
+            self.correct = None
+            self.runtime_error = f"the reference program failed (task error, not the candidate's): {e}"
+            self.meta["reference_error"] = True
+            self._finish_quietly()
+        except WorkerLost as e:
+            self.correct = False
+            if e.kind in ("eof", "timeout"):  # crashed, exited or hung: the pool adds how it ended
+                self.lost = {"kind": e.kind, "message": e.message[:500], "phase": self.phase_name,
+                             "trial": self.trial}
+            else:  # it answered something malformed or out of turn: its own doing
+                self.runtime_error = f"the candidate's process broke the evaluation protocol: {e.message[:500]}"
+        return self.verdict()
+
+    def _finish_quietly(self) -> None:
+        """After a verdict is reached early: collect the worker's last checks if it still answers, else drop it."""
+        self.deadline = min(self.deadline, _monotonic() + 10.0)
+        try:
+            self.ask("finish", "final")
+        except (WorkerLost, CandidateError):
+            pass
+
+    def _run(self) -> None:
+        self.phase("load_task")
+        try:
+            self.task = load_task(self.payload["task_source"])
+            set_seed(self.seed)
+            self.ref_model = self.task.Model(*map_tree(init_inputs(self.task, self.device, self.seed),
+                                                       lambda t: t.clone())).to(self.device.torch_device)
+        except ReferenceError_:
+            raise
+        except Exception as e:
+            raise ReferenceError_(format_exception(e, "loading the reference"))
+
+        self.phase("reference_warmup")
+        warm_inputs = make_inputs(self.task, self.device, self.seed - 1)
+        guard = map_tree(warm_inputs, lambda t: t.clone())
+        warm_out = self.reference(warm_inputs, self.seed)
+        try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
+            self.ref_ops = dynamic_checks.reference_compute_ops(
+                lambda: self.ref_model(*map_tree(warm_inputs, lambda t: t.clone())))
+        except Exception as e:
+            self.ref_ops = []
+            self.meta["reference_trace_error"] = format_exception(e, "tracing the reference")
+        self.device.sync()
+        # A reference that draws random numbers (active dropout) cannot be re-checked on the timed calls' outputs.
+        again = self.reference(map_tree(guard, lambda t: t.clone()), self.seed + 1)
+        self.rng_dependent = not bitwise_equal(self.reference(map_tree(guard, lambda t: t.clone()), self.seed),
+                                               again)
+        del again
+        ref_mutates = not bitwise_equal(warm_inputs, guard)
+        ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
+        self.output_bytes = tree_nbytes(warm_out)
+        self.input_dtypes = dtype_signature(warm_inputs)
+        self.meta.update(reference_ops=self.ref_ops, input_dtypes=self.input_dtypes,
+                         output=compare.structure(warm_out))
+        del warm_out, warm_inputs, guard
+
+        # Before any candidate code exists: the reference's time cannot be disturbed by it.
+        self.phase("reference_timing")
+        self.time_reference(use_cache=self.kind == "evaluate")
+
+        self.phase("import_candidate")
+        header, _ = self.ask("job", "loaded", task_source=self.payload["task_source"], code=self.payload["code"],
+                             modules=self.payload.get("modules", []),
+                             kernel_names=self.payload.get("kernel_names", []),
+                             runtime_build=self.payload.get("runtime_build"), config=self.cfg, kind=self.kind,
+                             ref={"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases})
+        self.phase("correctness")
+        self.run_trials(1 if self.kind == "retime" else int(self.cfg.get("num_trials", 5)))
+        if self.kind == "evaluate":
+            self.phase("trace")
+            self.ask("trace", "traced")
+        if not self.correct:
+            self.phase("final_checks")
+            self.ask("finish", "final")
+            return
+        self.phase("timing")
+        self.time_candidate()
+        if self.kind == "evaluate":
+            self.phase("freshness")
+            self.check_freshness()
+            if self.device.type == "cuda" and self.dyn.get("kernel_trace", True):
+                self.phase("kernel_trace")
+                self.ask("kernel_trace", "traced")
+        self.phase("final_checks")
+        self.ask("finish", "final")
+        if self.cfg.get("ref_compile") and self.device.type == "cuda":
+            # Here, not in the candidate's process: torch.compile patches torch.nn.Module and starts threads,
+            # which the worker's checks would pin on the candidate.
+            self.phase("ref_compile")
+            self.meta["ref_compile_timing"] = self._time_compiled_reference()
+
+    def reference(self, inputs, seed: int):
+        set_seed(seed)
+        try:
+            out = self.ref_model(*inputs)
+            self.device.sync()
+        except BaseException as e:
+            raise ReferenceError_(format_exception(e, "reference forward"))
+        return out
+
+    def receive_output(self, reply: dict, blobs: list) -> Any:
+        try:
+            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes())
+        except wire.WireError as e:
+            raise WorkerLost("protocol", f"the worker sent a malformed output: {e}")
+
+    def max_output_bytes(self) -> int:
+        return 2 * self.output_bytes + (1 << 16)
+
+    # correctness
+    def run_trials(self, n_trials: int) -> None:
+        prev_c = prev_r = None
+        self.correct = True
+        for t in range(n_trials):
+            self.phase("correctness", trial=t)
+            seed_t = trial_seed(self.seed, t)
+            self.send("trial", t=t, seed=seed_t)
+            out_r = self.reference(make_inputs(self.task, self.device, seed_t), seed_t + 7)
+            reply, blobs = self.recv("output", max_blobs=self.max_output_bytes())
+            if reply.get("not_plain"):
+                what = str(reply["not_plain"])[:200]
+                self.flag("output_not_plain_tensor", f"forward returned {what} instead of a plain torch.Tensor")
+                self.trials.append({"max_abs_err": None, "max_rel_err": None, "mismatch_frac": 1.0, "passed": False,
+                                    "message": f"output is not a plain torch.Tensor ({what})", "trial": t})
+                self.correct = False
+                return
+            out_c = self.receive_output(reply, blobs)
+            result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
+            result["trial"] = t
+            self.trials.append(result)
+            if not result["passed"]:
+                self.correct = False
+                self._explain_mismatch(t, out_c, prev_c, prev_r)
+                return
+            prev_c, prev_r = out_c, out_r
+
+    def _explain_mismatch(self, t: int, out_c, prev_c, prev_r) -> None:
+        """A wrong output that is really a hack: stale memory, or the previous call's result."""
+        leaves = [x.tensor for x in compare.flatten(out_c) if isinstance(x, wire.Received)]
+        poisoned = max((compare.poison_fraction(x) for x in leaves), default=0.0)
+        if poisoned > 0.5:
+            self.flag("stale_output", f"trial {t}: {poisoned:.0%} of the output is memory the candidate never wrote")
+        if prev_c is not None and _same_bytes(out_c, prev_c):
+            self.flag("cached_output", f"trial {t}: fresh inputs gave exactly the previous trial's output")
+        elif prev_r is not None and compare_outputs(out_c, prev_r, atol=self.atol, rtol=self.rtol)["passed"]:
+            self.flag("stale_output", f"trial {t}: output equals the previous trial's reference output")
+
+    # timing
+    def timing_sets(self) -> int:
+        if self.timing_config.method == "kernelbench":
+            return 1  # KernelBench times one input set
+        per_set = max(1, tree_nbytes(make_inputs(self.task, self.device, self.seed + TIMING_SEED)))
+        budget = int(self.cfg.get("timing_inputs_max_bytes", 4 << 30))
+        return max(1, min(int(self.cfg.get("timing_input_sets", 4)), budget // per_set))
+
+    def time_reference(self, use_cache: bool) -> None:
+        tcfg = self.timing_config = timing.TimingConfig(**self.cfg.get("timing", {}))
+        timer = self.timer = self.device.timer_for(tcfg.method)
+        n_sets = self.n_sets = self.timing_sets()
+        self.meta["timing_input_sets"] = n_sets
+        key_parts = [self.device.name, f"torch {torch.__version__}", self.input_dtypes, f"sets {n_sets}",
+                     json.dumps(self.cfg.get("timing", {}), sort_keys=True), timing.timer_name(timer)]
+        self.ref_timing_key = " | ".join(key_parts)
+        cached = (self.payload.get("ref_timing_cache") or {}).get(self.ref_timing_key) if use_cache else None
+        if cached is not None and not isinstance(channel.finite((cached or {}).get("median_ms")), float):
+            cached = None
+        sets = [make_inputs(self.task, self.device, self.seed + TIMING_SEED + i) for i in range(n_sets)]
+        call = lambda i: self.ref_model(*sets[i])  # noqa: E731
+        waited = _monotonic()
+        try:
+            with self.device.exclusive(self.deadline):
+                self.meta["timing_lock_wait_s"] = round(_monotonic() - waited, 4)
+                if cached:
+                    self.ref_timing = cached
+                    if not self._cached_reference_holds(cached, call, n_sets):
+                        cached = None
+                if not cached:
+                    try:
+                        self.ref_timing = timing.time_rotating(call, n_sets, timer=timer,
+                                                               device_type=self.device.type, config=tcfg)
+                    except Exception as e:
+                        raise ReferenceError_(format_exception(e, "timing the reference"))
+                    self.ref_timing_measured = True
+        except TimeoutError as e:
+            raise WorkerLost("timeout", str(e))
+        del sets, call
+
+    def _cached_reference_holds(self, cached: dict, call, n_sets: int) -> bool:
+        """A cached reference time is a measurement from another process, maybe under other conditions. A short
+        re-timing says whether it still holds:
+        - the reference now runs REF_DRIFT x faster: the cached time was taken on a slower GPU state (it would
+          inflate every speedup): False, so the reference is timed in full now and the cache updated;
+        - REF_DRIFT x slower: the GPU is slower now than when the reference was cached (another process on it, or
+          clocks): the cached time is kept, and meta.timing_contended says the speedup is an under-estimate.
+        Otherwise the cached time stands."""
+        try:
+            check = timing.time_rotating(call, n_sets, timer=self.timer, device_type=self.device.type,
+                                         config=REF_CHECK)
+        except Exception as e:
+            raise ReferenceError_(format_exception(e, "re-timing the reference"))
+        ratio = check["median_ms"] / max(float(cached["median_ms"]), 1e-9)
+        self.meta["ref_check"] = {"cached_ms": cached["median_ms"], "check_ms": round(check["median_ms"], 6),
+                                  "ratio": round(ratio, 3)}
+        if ratio * REF_DRIFT < 1.0:
+            return False
+        if ratio > REF_DRIFT:
+            self.meta["timing_contended"] = True
+        return True
+
+    def time_candidate(self) -> None:
+        """The worker times the candidate with the judge's repetition counts, on timing inputs from a seed it learns
+        only now (no output of them can be prepared before); the judge's clock bounds both loops."""
+        tcfg, n_sets = self.timing_config, self.n_sets
+        self.timing_seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF
+        self.ask("timing_sets", "ok", n_sets=n_sets, seed=self.timing_seed)
+        waited = _monotonic()
+        try:
+            with self.device.exclusive(self.deadline):
+                self.meta["timing_lock_wait_s"] = round(self.meta.get("timing_lock_wait_s", 0.0)
+                                                        + _monotonic() - waited, 4)
+                # The estimate runs with device_sync (host latency inside each rep): its times must account for
+                # the wall clock closely, and they bound what the main loop's wall clock may hold besides its times.
+                estimate = self._timed_loop("device_sync", 1, ESTIMATE_REPS)
+                warmup, reps = tcfg.plan(estimate["median_ms"])
+                per_call_s = estimate["wall_s"] / (1 + ESTIMATE_REPS)
+                loop = self._timed_loop(tcfg.method, warmup, reps, allowance_s=2.0 * per_call_s * (warmup + reps))
+        except TimeoutError as e:
+            raise WorkerLost("timeout", str(e))
+        self.timing = timing.stats(loop["times"])
+        self.timing.update(reps=reps, warmup=warmup, input_sets=n_sets, timer=loop["timer"])
+        if loop.get("gate"):
+            self.timing["gate"] = loop["gate"]
+        # The output of the last timed call must be right (its buffer may be reused by every call, so only the
+        # last one is certain to be there), unless the reference itself draws random numbers.
+        if self.rng_dependent:
+            self.meta["timed_output_check"] = "skipped: the reference's output depends on the random state"
+            return
+        reply, blobs = self.ask("timed_output", "output", max_blobs=self.max_output_bytes())
+        if reply.get("not_plain"):
+            self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
+            return
+        out_c = self.receive_output(reply, blobs)
+        last_set = (warmup + reps - 1) % n_sets
+        out_r = self.reference(make_inputs(self.task, self.device, self.timing_seed + last_set), self.seed)
+        result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
+        self.meta["timed_output_check"] = "passed" if result["passed"] else "failed"
+        if not result["passed"]:
+            self.flag("timed_output_mismatch", f"the output of the last timed call (input set {last_set}) is wrong "
+                                               f"({result['message']}): the timed calls did not compute the result")
+
+    def _timed_loop(self, method: str, warmup: int, reps: int, *, allowance_s: float = 0.0) -> dict:
+        """One timed loop of the worker under the judge's clock. The reported times, plus the loop's own cost per
+        call (the judge's empty loop, measured once) and `allowance_s`, must account for the wall time it took."""
+        t0 = _monotonic()
+        reply, _ = self.ask("time", "timed", method=method, warmup=warmup, reps=reps)
+        wall = _monotonic() - t0
+        times = reply.get("times")
+        if not isinstance(times, list) or len(times) != reps or \
+                not all(isinstance(channel.finite(x), float) and x > 0 for x in times):
+            raise WorkerLost("protocol", f"the worker reported {str(times)[:80]} instead of {reps} positive times")
+        times = [float(x) for x in times]
+        median = timing.stats(times)["median_ms"]
+        calls = warmup + reps
+        overhead_s = calls * self.device.info.get("loop_overhead_ms", 0.05) / 1e3
+        accounted = (sum(times) + warmup * median) / 1e3 + overhead_s
+        bound = WALL_SLACK * accounted + allowance_s + WALL_FIXED_S
+        check = {"method": method, "wall_s": round(wall, 4), "accounted_s": round(accounted, 4),
+                 "bound_s": round(bound, 4), "calls": calls}
+        self.meta.setdefault("timing_check", []).append(check)
+        if wall > bound:
+            self.flag("timing_inconsistent", f"a timed loop took {wall:.3f} s on the judge's clock, but its "
+                                             f"{calls} calls were reported to take {accounted:.3f} s")
+        gate = reply.get("gate")
+        return {"times": times, "median_ms": median, "wall_s": wall, "timer": str(reply.get("timer", ""))[:40],
+                "gate": _plain(gate) if isinstance(gate, dict) else None}
+
+    def check_freshness(self) -> None:
+        """Same tensors (same addresses), new contents: a candidate caching results by address/shape is caught."""
+        reply, blobs = self.ask("freshness", "output", max_blobs=self.max_output_bytes())
+        if reply.get("not_plain"):
+            self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
+            return
+        out_c = self.receive_output(reply, blobs)
+        out_r = self.reference(make_inputs(self.task, self.device, self.seed + FRESH_SEED), self.seed + 11)
+        result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
+        if not result["passed"]:
+            self.flag("cached_output", "after the inputs were overwritten in place (same addresses), the output "
+                                       f"did not follow: {result['message']}")
+
+    def _time_compiled_reference(self) -> dict | None:
+        """torch.compile(reference) on the timing inputs, with the same timing settings."""
+        sets = [make_inputs(self.task, self.device, self.seed + TIMING_SEED + i) for i in range(self.n_sets)]
+        try:
+            compiled = torch.compile(self.ref_model)
+            for s in sets:           # compiles (CPU-bound, minutes at worst) outside the GPU's timing lock
+                compiled(*s)
+            with self.device.exclusive():
+                return timing.time_rotating(lambda i: compiled(*sets[i]), len(sets), timer=self.device.timer,
+                                            device_type=self.device.type, config=self.timing_config)
+        except Exception as e:  # torch.compile failing on a task is information, not a verdict
+            return {"error": format_exception(e, "torch.compile(reference)")}
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A bounded copy of a JSON value the worker sent (scalars, short strings, small lists and dicts)."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return channel.finite(value)
+    if isinstance(value, str):
+        return value[:300]
+    if depth < 3 and isinstance(value, list):
+        return [_plain(v, depth + 1) for v in value[:64]]
+    if depth < 3 and isinstance(value, dict):
+        return {str(k)[:64]: _plain(v, depth + 1) for k, v in list(value.items())[:32]}
+    return None
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    la, lb = compare.flatten(a), compare.flatten(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if isinstance(x, wire.Received) and isinstance(y, wire.Received):
+            if x.tensor.shape != y.tensor.shape or x.tensor.dtype != y.tensor.dtype or \
+                    not bitwise_equal(x.tensor, y.tensor):
+                return False
+        elif isinstance(x, wire.Received) or isinstance(y, wire.Received) or x != y:
+            return False
+    return True
+
+
+def _loop_overhead_ms(device: Device) -> float:
+    """Per-call cost of the timing loop outside the candidate's work (flush, synchronisations, the call itself),
+    from an empty loop: what the wall-clock bound allows for on top of the reported times."""
+    calls = 40
+    t0 = _monotonic()
+    device.timer.time(lambda: None, warmup=0, reps=calls, l2_flush_bytes=timing.l2_flush_bytes(device.type))
+    return max(0.02, 2.0 * (_monotonic() - t0) * 1e3 / calls)
+
+
+def _serve(ctl: socket.socket, device: Device) -> None:
+    while True:
+        try:
+            header, fd = channel.recv_fd(ctl)
+        except ChannelError:
+            return  # the pool is gone
+        if header.get("op") == "quit":
+            return
+        if header.get("op") != "job" or fd is None:
+            channel.send(ctl, {"op": "verdict", "result": None, "error": "malformed job message"})
+            continue
+        sock = socket.socket(fileno=fd)
+        started = _monotonic()
+        job = None
+        try:
+            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)))
+            result = job.run()
+        except BaseException:  # a bug of ours: reported as such, never as the candidate's failure
+            result = job.verdict("internal_error", traceback.format_exc()[-MAX_ERROR_CHARS:]) if job else \
+                {"status": "internal_error", "internal_error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
+        finally:
+            sock.close()
+        result.setdefault("meta", {})["judge_s"] = round(_monotonic() - started, 4)
+        channel.send(ctl, {"op": "verdict", "result": result})
+        del job
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--cpu-threads", type=int, default=1)
+    parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
+    parser.add_argument("--device-lock", default=None)
+    args = parser.parse_args(argv)
+    ctl = socket.socket(fileno=args.channel_fd)
+    try:
+        device = Device(args.device_type, args.cpu_threads, args.device_lock, who="judge", checks=False)
+        with device.exclusive():
+            device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
+    except BaseException as e:
+        channel.send(ctl, {"op": "ready", "ok": False, "error": format_exception(e, "judge start")})
+        sys.stderr.write(traceback.format_exc())
+        os._exit(3)
+    milestone("judge", "ready")
+    channel.send(ctl, {"op": "ready", "ok": True, "info": device.info})
+    _serve(ctl, device)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The judge's wire to the candidate's worker: framed messages (channel.py) and outputs as plain data (wire.py).
+The worker end is hostile: anything malformed, oversized, too deep or late is a ChannelError / WireError before any
+large allocation or any code runs, and comparisons of received outputs go through compare.py in chunks."""
+import json
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+import torch
+
+from cuda_eval import channel, compare, wire
+from cuda_eval.channel import ChannelError
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_round_trip_with_blobs(pair):
+    a, b = pair
+    channel.send(a, {"op": "output", "x": [1, 2]}, [b"abc", bytearray(b""), memoryview(b"0123456789")])
+    header, blobs = channel.recv(b, max_blobs=100)
+    assert header["op"] == "output" and header["x"] == [1, 2] and header["blobs"] == [3, 0, 10]
+    assert [bytes(x) for x in blobs] == [b"abc", b"", b"0123456789"]
+
+
+def test_oversized_data_is_refused_before_it_is_read(pair):
+    a, b = pair
+    a.sendall(struct.pack(">QQ", 20, 1 << 40))  # claims a terabyte of data
+    with pytest.raises(ChannelError, match="at most 100 accepted") as e:
+        channel.recv(b, max_blobs=100)
+    assert e.value.kind == "protocol"
+    a.sendall(struct.pack(">QQ", 1 << 40, 0))
+    with pytest.raises(ChannelError, match="header of"):
+        channel.recv(b)
+
+
+@pytest.mark.parametrize("head", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe", b'{"no_op": 1}', b'[1, 2]',
+                                  b'{"op": "x", "blobs": [5]}', b'{"op": "x", "blobs": [-1]}'])
+def test_malformed_headers_are_protocol_errors(pair, head):
+    a, b = pair
+    a.sendall(struct.pack(">QQ", len(head), 0) + head)
+    with pytest.raises(ChannelError) as e:
+        channel.recv(b, max_blobs=10)
+    assert e.value.kind == "protocol"
+
+
+def test_eof_and_deadline(pair):
+    a, b = pair
+    head = json.dumps({"op": "x", "blobs": [100]}).encode()
+    a.sendall(struct.pack(">QQ", len(head), 100) + head + b"partial")
+    with pytest.raises(ChannelError, match="no answer in time") as e:
+        channel.recv(b, max_blobs=1000, deadline=time.monotonic() + 0.2)
+    assert e.value.kind == "timeout"
+    a.close()
+    with pytest.raises(ChannelError) as e:
+        channel.recv(b, max_blobs=1000)
+    assert e.value.kind == "eof"
+
+
+def test_expect_raises_on_another_op(pair):
+    a, b = pair
+    channel.send(a, {"op": "error", "message": "boom"})
+    with pytest.raises(ChannelError, match="expected 'loaded', got 'error': boom"):
+        channel.expect(b, "loaded")
+
+
+def test_a_descriptor_travels(pair):
+    a, b = pair
+    r, w = os.pipe()
+    try:
+        channel.send_fd(a, {"op": "job", "payload": {"k": 1}}, w)
+        header, fd = channel.recv_fd(b)
+        assert header["payload"] == {"k": 1} and fd is not None and fd != w
+        os.write(fd, b"hi")
+        os.close(fd)
+        assert os.read(r, 2) == b"hi"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_large_message_does_not_deadlock(pair):
+    a, b = pair
+    data = os.urandom(8 << 20)
+    sender = threading.Thread(target=channel.send, args=(a, {"op": "big"}, [data]))
+    sender.start()
+    header, blobs = channel.recv(b, max_blobs=len(data))
+    sender.join()
+    assert bytes(blobs[0]) == data
+
+
+def _through_the_wire(obj, max_bytes=1 << 30):
+    tree, blobs = wire.pack(obj)
+    tree = json.loads(json.dumps(tree))
+    return wire.unpack(tree, [bytearray(b) for b in blobs], max_bytes=max_bytes)
+
+
+def test_outputs_round_trip():
+    x = torch.randn(3, 4)
+    out = _through_the_wire((x, [torch.arange(5), torch.ones(2, dtype=torch.bfloat16)], 3, None, torch.tensor(True)))
+    assert isinstance(out, tuple) and isinstance(out[1], list)
+    assert torch.equal(out[0].tensor, x) and out[0].device == "cpu"
+    assert torch.equal(out[1][0].tensor, torch.arange(5)) and out[1][1].tensor.dtype == torch.bfloat16
+    assert out[2] == 3 and out[3] is None and out[4].tensor.item() is True
+    weird = _through_the_wire([object()])
+    assert isinstance(weird[0], wire.Opaque) and weird[0] != weird[0]
+
+
+@pytest.mark.parametrize("tree, blobs, match", [
+    ({"t": "tensor", "dtype": "float32", "shape": [4], "blob": 0}, [bytearray(15)], "with 15 bytes"),
+    ({"t": "tensor", "dtype": "object", "shape": [1], "blob": 0}, [bytearray(8)], "malformed tensor"),
+    ({"t": "tensor", "dtype": "float32", "shape": [-1], "blob": 0}, [bytearray(4)], "malformed tensor"),
+    ({"t": "seq", "kind": "tuple", "items": [{"t": "tensor", "dtype": "uint8", "shape": [1], "blob": 0}] * 2},
+     [bytearray(1)], "malformed tensor"),
+    ({"t": "tensor", "dtype": "uint8", "shape": [1], "blob": 3}, [bytearray(1)], "malformed tensor"),
+    ({"t": "value", "value": {"a": 1}}, [], "malformed value"),
+    ({"t": "pickle", "data": "..."}, [], "unknown node"),
+    ({"t": "tensor", "dtype": "uint8", "shape": [64], "blob": 0}, [bytearray(64)], "at most 32 expected"),
+])
+def test_malformed_outputs_are_refused(tree, blobs, match):
+    with pytest.raises(wire.WireError, match=match):
+        wire.unpack(tree, blobs, max_bytes=32)
+
+
+def test_too_deep_outputs_are_refused():
+    tree = {"t": "value", "value": 1}
+    for _ in range(wire.MAX_DEPTH + 2):
+        tree = {"t": "seq", "kind": "list", "items": [tree]}
+    with pytest.raises(wire.WireError, match="too deep"):
+        wire.unpack(tree, [], max_bytes=0)
+
+
+def test_received_outputs_compare_like_tensors(monkeypatch):
+    ref = torch.randn(1000)
+    got = _through_the_wire(ref.clone())
+    assert compare.compare_outputs(got, ref, atol=1e-2, rtol=1e-2)["passed"]
+    bad = ref.clone()
+    bad[::7] += 1.0
+    whole = compare.compare_outputs(_through_the_wire(bad), ref, atol=1e-2, rtol=1e-2)
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 64)  # the same numbers, chunk by chunk
+    chunked = compare.compare_outputs(_through_the_wire(bad), ref, atol=1e-2, rtol=1e-2)
+    assert not whole["passed"] and whole == chunked and "143 of 1000 elements differ" in chunked["message"]
+    other = wire.Received(ref.clone(), "cuda")
+    assert "device mismatch: expected cpu, got cuda" in compare.compare_outputs(other, ref, atol=1, rtol=1)["message"]
+    assert "expected a torch.Tensor, got builtins.object" in compare.compare_outputs(
+        _through_the_wire(object()), ref, atol=1, rtol=1)["message"]
