@@ -86,6 +86,17 @@ class HostTimer:
         return out
 
 
+def _warm_up(fn: Callable[[], None], warmup: int, scratch: torch.Tensor | None,
+             l2_flush_bytes: int) -> torch.Tensor | None:
+    """The flush buffer (grown to l2_flush_bytes), after `warmup` calls of fn and a synchronise."""
+    if l2_flush_bytes and (scratch is None or scratch.numel() < l2_flush_bytes):
+        scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    _cuda_synchronize()
+    return scratch
+
+
 class TorchEventTimer:
     """The CUDA protocol with torch.cuda.Event, for when the native CudaTimer is unavailable."""
     name = "torch_events"
@@ -96,11 +107,7 @@ class TorchEventTimer:
 
     def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int,
              sync_device: bool = True, stream: int = 0) -> list[float]:
-        if l2_flush_bytes and (self._scratch is None or self._scratch.numel() < l2_flush_bytes):
-            self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
-        for _ in range(warmup):
-            fn()
-        _cuda_synchronize()
+        self._scratch = _warm_up(fn, warmup, self._scratch, l2_flush_bytes)
         out = []
         for _ in range(reps):
             if self._scratch is not None:
@@ -141,11 +148,7 @@ class GatedTimer:
 
     def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int,
              sync_device: bool = True, stream: int = 0) -> list[float]:
-        if l2_flush_bytes and (self._scratch is None or self._scratch.numel() < l2_flush_bytes):
-            self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
-        for _ in range(warmup):
-            fn()
-        _cuda_synchronize()
+        self._scratch = _warm_up(fn, warmup, self._scratch, l2_flush_bytes)
         out: list[float] = []
         gate_ms, retries, waits_for_device, max_host_ms = GATE_START_MS, 0, False, 0.0
         while len(out) < reps:

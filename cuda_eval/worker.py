@@ -184,7 +184,7 @@ class Worker:
             with trace:
                 out = self.call(inputs, seed_t + 7, f"trial {t}: ModelNew.forward")
         finally:
-            self._judge_ops(trace, f"trial {t}")
+            self._judge_ops(trace)
         if not self.ref_mutates_inputs and not bitwise_equal(inputs, guard):
             self.flag("input_mutated", f"trial {t}: forward modified its input tensors")
         out_tensors = tensors_in(out)
@@ -197,7 +197,8 @@ class Worker:
         self.prev_output = out
         self.recent_sizes = [x.numel() * x.element_size() for x in out_tensors]
 
-    def _judge_ops(self, trace, when: str) -> None:
+    def _judge_ops(self, trace) -> None:
+        """Flags from the ATen ops, host transfers and task code one traced call ran."""
         d = self.dyn
         py_ops, heavy = trace.python_compute_ops(), trace.heavy_ops()
         ref_shared = [op for op in trace.compute_ops() if op in set(self.ref_ops)]
@@ -326,24 +327,12 @@ class Worker:
                 self.device.sync()
         except BaseException as e:
             raise CandidateError(format_exception(e, "traced ModelNew.forward"))
-        d = self.dyn
-        py_ops, all_ops, heavy = trace.python_compute_ops(), trace.compute_ops(), trace.heavy_ops()
-        ref_shared = [op for op in all_ops if op in set(self.ref_ops)]
         self.meta.update(extension_calls=trace.extension_calls, custom_op_calls=trace.custom_op_calls(),
-                         candidate_ops=all_ops, python_ops=py_ops)
-        if d.get("require_custom_kernel", True) and trace.extension_calls == 0 and trace.custom_op_calls() == 0:
+                         candidate_ops=trace.compute_ops(), python_ops=trace.python_compute_ops())
+        if self.dyn.get("require_custom_kernel", True) and trace.extension_calls == 0 and \
+                trace.custom_op_calls() == 0:
             self.flag("no_custom_kernel", "forward never called a function of the compiled extension")
-        if d.get("forbid_python_torch_compute", True) and py_ops:
-            self.flag("torch_compute_in_forward", f"forward ran PyTorch ops from Python: {', '.join(py_ops[:6])}")
-        if d.get("forbid_reference_ops", True) and ref_shared:
-            self.flag("reference_op", f"forward ran the reference's PyTorch ops: {', '.join(ref_shared[:6])}")
-        if d.get("forbid_library_heavy_ops", True) and heavy:
-            self.flag("library_heavy_op", f"forward ran PyTorch library ops: {', '.join(heavy[:6])}")
-        if self.device.type == "cuda" and d.get("forbid_host_transfer", True) and trace.host_transfers():
-            self.flag("host_transfer", f"forward copied tensors between GPU and host {trace.host_transfers()} time(s)")
-        if trace.task_code_calls:
-            self.flag("calls_reference_model",
-                      f"forward executed the reference task's code ({', '.join(sorted(trace.task_code_calls))})")
+        self._judge_ops(trace)
 
     def check_threads(self) -> None:
         py_threads = self.threads.new_python_threads()

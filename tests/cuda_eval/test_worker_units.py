@@ -164,3 +164,15 @@ def test_time_rotating_on_host():
     assert 5 <= stats["n"] <= 50 and stats["median_ms"] >= 1.0 and stats["input_sets"] == 3
     assert set(calls) == {0, 1, 2}
     assert stats["min_ms"] <= stats["median_ms"] <= max(stats["mean_ms"] * 3, stats["median_ms"])
+
+
+def test_timing_methods_plan_their_repetitions():
+    """KernelBench's protocol has fixed counts (3 warm-up calls, 100 trials); the others adapt to the estimate within
+    [min_reps, max_reps]; an unknown method is an error; on the CPU every method is the host clock."""
+    assert timing.TimingConfig(method="kernelbench").plan(5.0) == (3, 100)
+    cfg = timing.TimingConfig(target_s=0.25, warmup_s=0.03, min_reps=20, max_reps=200)
+    assert cfg.plan(0.001)[1] == 200 and cfg.plan(100.0)[1] == 20 and cfg.plan(2.5) == (12, 100)
+    with pytest.raises(ValueError, match="timing method"):
+        timing.TimingConfig(method="fast")
+    host = timing.make_timer("cpu")
+    assert all(timing.timer_for(m, "cpu", host, None) is host for m in timing.METHODS)
