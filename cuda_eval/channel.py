@@ -104,7 +104,10 @@ def expect(sock: socket.socket, op: str, **kw) -> tuple[dict, list[bytearray]]:
 def send_fd(sock: socket.socket, header: dict, fd: int) -> None:
     """A header-only message carrying one open descriptor (SCM_RIGHTS)."""
     head = json.dumps(dict(header, blobs=[]), default=str).encode()
-    socket.send_fds(sock, [_PREFIX.pack(len(head), 0) + head], [fd])
+    data = _PREFIX.pack(len(head), 0) + head
+    sent = socket.send_fds(sock, [data], [fd])  # one sendmsg: a large header may go out in part
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
 def recv_fd(sock: socket.socket, *, max_header: int = MAX_HEADER) -> tuple[dict, int | None]:

@@ -82,6 +82,7 @@ class Job:
         self.ref_timing_measured = False
         self.ref_timing_key: str | None = None
         self.lost: dict | None = None
+        self.shared: wire.SharedBuffer | None = None
         self.phase_name, self.trial = "start", None
         self._phase_started = _monotonic()
 
@@ -210,11 +211,17 @@ class Job:
         self.time_reference(use_cache=self.kind == "evaluate")
 
         self.phase("import_candidate")
-        header, _ = self.ask("job", "loaded", task_source=self.payload["task_source"], code=self.payload["code"],
-                             modules=self.payload.get("modules", []),
-                             kernel_names=self.payload.get("kernel_names", []),
-                             runtime_build=self.payload.get("runtime_build"), config=self.cfg, kind=self.kind,
-                             ref={"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases})
+        # The worker's outputs come back through shared memory of a size fixed here (wire.SharedBuffer).
+        self.shared = wire.SharedBuffer(self.max_output_bytes())
+        job = {"op": "job", "task_source": self.payload["task_source"], "code": self.payload["code"],
+               "modules": self.payload.get("modules", []), "kernel_names": self.payload.get("kernel_names", []),
+               "runtime_build": self.payload.get("runtime_build"), "config": self.cfg, "kind": self.kind,
+               "ref": {"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases}}
+        try:
+            channel.send_fd(self.sock, job, self.shared.fd)
+        except OSError as e:
+            raise WorkerLost("eof", f"the peer is gone ({type(e).__name__}: {e})")
+        self.recv("loaded")
         self.phase("correctness")
         self.run_trials(1 if self.kind == "retime" else int(self.cfg.get("num_trials", 5)))
         if self.kind == "evaluate":
@@ -251,7 +258,7 @@ class Job:
 
     def receive_output(self, reply: dict, blobs: list) -> Any:
         try:
-            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes())
+            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared)
         except wire.WireError as e:
             raise WorkerLost("protocol", f"the worker sent a malformed output: {e}")
 
@@ -512,6 +519,8 @@ def _serve(ctl: socket.socket, device: Device) -> None:
                 {"status": "internal_error", "internal_error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
         finally:
             sock.close()
+            if job is not None and job.shared is not None:
+                job.shared.close()
         result.setdefault("meta", {})["judge_s"] = round(_monotonic() - started, 4)
         channel.send(ctl, {"op": "verdict", "result": result})
         del job

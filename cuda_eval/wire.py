@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import os
 from typing import Any
 
 import torch
@@ -25,22 +26,60 @@ class WireError(ValueError):
     """The packed output is malformed or over its limits."""
 
 
-def pack(obj: Any) -> tuple[dict, list[memoryview]]:
-    """(tree, blobs) of an output. Tensors are copied to the host; anything that is not a plain tensor, a tuple/list
-    or a JSON scalar is described by its type name only."""
+ALIGN = 64
+
+
+class SharedBuffer:
+    """A memfd of a fixed size mapped here: the judge creates it (sealed: the worker can neither shrink nor grow it,
+    so no access of the judge's mapping can fault) and hands it to the worker, which writes its outputs into it
+    instead of sending them through the socket (one copy from the device, no socket copies). The judge copies what
+    it reads out at once: the worker can rewrite the buffer at any time."""
+
+    def __init__(self, size: int | None = None, fd: int | None = None):
+        import mmap
+        import fcntl
+        if fd is None:
+            fd = os.memfd_create("cuda_eval-outputs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, max(int(size), 1))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self.map = mmap.mmap(fd, self.size)
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:  # a view is still alive: the mapping goes with the process
+            pass
+        os.close(self.fd)
+
+
+def pack(obj: Any, shared: SharedBuffer | None = None) -> tuple[dict, list[memoryview]]:
+    """(tree, blobs) of an output. Tensors are copied to the host: into `shared` when given and they fit (the tree
+    then names their offsets), else as blobs; anything that is not a plain tensor, a tuple/list or a JSON scalar is
+    described by its type name only."""
     blobs: list[memoryview] = []
+    offset = [0]
 
     def walk(x: Any, depth: int) -> dict:
         t = _type(x)
         if t in (tuple, list) and depth < MAX_DEPTH:
             return {"t": "seq", "kind": t.__name__, "items": [walk(i, depth + 1) for i in x]}
         if t is _Tensor:
-            host = x.detach().contiguous().reshape(-1)
-            if host.device.type != "cpu":
-                host = host.cpu()
+            flat = x.detach().contiguous().reshape(-1)
+            node = {"t": "tensor", "dtype": str(x.dtype).replace("torch.", ""), "shape": list(x.shape),
+                    "device": x.device.type}
+            n = flat.numel() * flat.element_size()
+            start = -(-offset[0] // ALIGN) * ALIGN
+            if shared is not None and start + n <= shared.size:
+                if n:
+                    torch.frombuffer(shared.map, dtype=torch.uint8, count=n, offset=start).copy_(
+                        flat.view(torch.uint8))
+                offset[0] = start + n
+                return dict(node, offset=start)
+            host = flat if flat.device.type == "cpu" else flat.cpu()
             blobs.append(memoryview(host.view(torch.uint8).numpy()))
-            return {"t": "tensor", "dtype": str(x.dtype).replace("torch.", ""), "shape": list(x.shape),
-                    "device": x.device.type, "blob": len(blobs) - 1}
+            return dict(node, blob=len(blobs) - 1)
         if x is None or t in (bool, int, float, str):
             return {"t": "value", "value": x if t is not str else x[:200]}
         return {"t": "other", "type": f"{t.__module__}.{t.__qualname__}"[:200]}
@@ -48,14 +87,26 @@ def pack(obj: Any) -> tuple[dict, list[memoryview]]:
     return walk(obj, 0), blobs
 
 
-def unpack(tree: Any, blobs: list, *, max_bytes: int) -> Any:
-    """The output described by `tree` with host tensors over `blobs`. Leaves that were neither tensors nor JSON
-    scalars come back as `Opaque(type_name)` (they compare unequal to anything)."""
-    total = sum(len(b) for b in blobs)
-    if total > max_bytes:
-        raise WireError(f"{total} bytes of output data (at most {max_bytes} expected)")
+def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | None = None) -> Any:
+    """The output described by `tree` with host tensors over `blobs` and copies of regions of `shared`. Leaves that
+    were neither tensors nor JSON scalars come back as `Opaque(type_name)` (they compare unequal to anything)."""
+    total = [sum(len(b) for b in blobs)]
+    if total[0] > max_bytes:
+        raise WireError(f"{total[0]} bytes of output data (at most {max_bytes} expected)")
     used: set[int] = set()
     leaves = [0]
+
+    def from_shared(node: dict, dtype, shape: list, itemsize: int) -> torch.Tensor:
+        start, n = node.get("offset"), math.prod(shape) * itemsize
+        if shared is None or _type(start) is not int or start < 0 or start + n > shared.size:
+            raise WireError("malformed tensor description")
+        total[0] += n
+        if total[0] > max_bytes:
+            raise WireError(f"{total[0]} bytes of output data (at most {max_bytes} expected)")
+        if not n:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(shared.map, dtype=torch.uint8, count=n, offset=start).clone().view(dtype).reshape(
+            shape)
 
     def walk(node: Any, depth: int) -> Any:
         leaves[0] += 1
@@ -71,11 +122,15 @@ def unpack(tree: Any, blobs: list, *, max_bytes: int) -> Any:
         if kind == "tensor":
             dtype = DTYPES.get(node.get("dtype"))
             shape, index = node.get("shape"), node.get("blob")
-            if dtype is None or not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s for s in shape) \
-                    or not isinstance(index, int) or not 0 <= index < len(blobs) or index in used:
+            if dtype is None or not isinstance(shape, list) or \
+                    not all(_type(s) is int and 0 <= s < (1 << 40) for s in shape):
+                raise WireError("malformed tensor description")
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if "offset" in node:
+                return Received(from_shared(node, dtype, shape, itemsize), str(node.get("device", ""))[:16])
+            if not isinstance(index, int) or not 0 <= index < len(blobs) or index in used:
                 raise WireError("malformed tensor description")
             used.add(index)
-            itemsize = torch.empty((), dtype=dtype).element_size()
             if math.prod(shape) * itemsize != len(blobs[index]):
                 raise WireError(f"tensor of shape {shape} {node['dtype']} with {len(blobs[index])} bytes")
             raw = torch.frombuffer(blobs[index], dtype=torch.uint8) if len(blobs[index]) else \

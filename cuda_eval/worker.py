@@ -51,6 +51,7 @@ _CudaEvent = torch.cuda.Event
 _host_sleep = time.sleep
 _channel_send = channel.send
 _channel_recv = channel.recv
+_channel_recv_fd = channel.recv_fd
 _pack = wire.pack
 TRACE_CALLS = 8               # forward calls in the unsynced-stream check (see Worker.trace_kernels)
 TRACE_REPEAT_MAX_MS = 25.0    # slower candidates are called once there (their side-stream work is long anyway)
@@ -70,6 +71,7 @@ class Worker:
         self.timing_sets: list = []
         self.last_output = None
         self.workdir = os.getcwd()
+        self.shared: wire.SharedBuffer | None = None
 
     # answers
     def flag(self, code: str, reason: str) -> None:
@@ -86,7 +88,7 @@ class Worker:
             self.flag("output_not_plain_tensor", f"forward returned {', '.join(bad)} instead of a plain torch.Tensor")
             self.reply("output", not_plain=", ".join(bad)[:200])
             return
-        tree, blobs = _pack(out)
+        tree, blobs = _pack(out, self.shared)
         self.reply("output", blobs, tree=tree)
 
     def serve(self) -> None:
@@ -96,8 +98,13 @@ class Worker:
                     "freshness": self.check_freshness, "kernel_trace": self.trace_kernels, "finish": self.finish}
         while True:
             try:
-                header, _ = _channel_recv(self.sock, max_header=64 << 20)
-            except ChannelError:
+                if self.shared is None:  # the job comes with the shared buffer for the outputs
+                    header, fd = _channel_recv_fd(self.sock, max_header=64 << 20)
+                    if fd is not None:
+                        self.shared = wire.SharedBuffer(fd=fd)
+                else:
+                    header, _ = _channel_recv(self.sock, max_header=64 << 20)
+            except (ChannelError, OSError, ValueError):
                 return
             op = header["op"]
             handler = handlers.get(op)
