@@ -1,7 +1,9 @@
 # task: cpu_relu
 # verdict: correct
 # expect: timing_inconsistent
-# about: does the work but replaces the timer of its own process so that every call is reported as 1 microsecond
+# about: takes 50 ms per call but replaces the timer of its own process so that every call is reported as 1 microsecond
+import time
+
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -87,6 +89,5 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        for _ in range(150):
-            y = cpu_ext.relu_out(x)
-        return y
+        time.sleep(0.05)  # real time spent in every call, whatever the load on the machine
+        return cpu_ext.relu_out(x)
