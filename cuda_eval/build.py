@@ -480,6 +480,14 @@ class _BuildDirs:
         return cls(root, _make_private_dir(os.path.join(root, "src")), os.path.join(root, "out"),
                    _make_private_dir(os.path.join(root, "product")))
 
+    def confine(self, session: sb.SandboxSession) -> None:
+        """Set `owner`, and make `src` readable by this build's sandbox uid alone (its group): other candidates'
+        processes see the compilers' command lines in /proc, which name files in it."""
+        self.owner = session.uid if session.uid is not None else os.geteuid()
+        if session.uid is not None:
+            os.chown(self.src, os.geteuid(), session.uid)
+            os.chmod(self.src, 0o750)
+
     def take(self, name: str, max_bytes: int | None) -> str:
         """Copy out/<name>, written by the sandbox uid, to product/<name> (checked: a regular file with one link,
         owned by that uid, at most max_bytes); returns the copy. Raises UnsafeFile or OSError."""
@@ -547,7 +555,7 @@ class PchStore:
                 dirs = _BuildDirs.create(work)
                 header = write_private(dirs.src, PCH_HEADER, "#include <torch/extension.h>\n")
                 with sb.SandboxSession(dirs.out) as session:
-                    dirs.owner = session.uid if session.uid is not None else os.geteuid()
+                    dirs.confine(session)
                     limits = dataclasses.replace(self.limits, wall_timeout_s=900, file_size_bytes=4 << 30)
                     res = session.run([self.toolchain.cxx, *pch_flags, "-x", "c++-header", header, "-o",
                                        PCH_HEADER + ".gch"], limits)
@@ -609,7 +617,7 @@ class Builder:
         try:
             dirs = _BuildDirs.create(build_dir)
             with sb.SandboxSession(dirs.out) as session:
-                dirs.owner = session.uid if session.uid is not None else os.geteuid()
+                dirs.confine(session)
                 runner = _Runner(session, self.config.limits, deadline, dirs.out)
                 if spec.kind == "files":
                     self._build_files(spec, dirs, runner, result)

@@ -138,5 +138,8 @@ def finite(x: Any) -> float | None:
     """A float from untrusted data, or None if it is not a finite number."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
-    x = float(x)
+    try:
+        x = float(x)
+    except OverflowError:  # an int of hundreds of digits
+        return None
     return x if math.isfinite(x) else None

@@ -25,7 +25,9 @@ import itertools
 import os
 import queue
 import shutil
+import logging
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -35,6 +37,7 @@ from typing import Any, Callable
 from cuda_eval import channel
 from cuda_eval.channel import ChannelError
 
+log = logging.getLogger(__name__)
 JUDGE_MARGIN_S = 60.0      # the judge's own work (reference, comparisons) on top of the job's timeout
 JUDGE_MAX_JOBS = 500       # a fresh judge after this many jobs (task modules and caches pile up in one process)
 
@@ -197,17 +200,19 @@ class GpuPool:
     def _spawn_with_socket(self, module: str, device: str, workdir: str, extra_args: list[str]):
         cfg = self.config
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        lock = self._open_lock(device)
         argv = [cfg.python, "-m", module, "--device-type", cfg.device_type, "--cpu-threads", str(cfg.cpu_threads),
-                "--device-lock", self._lock_file(device), *extra_args]
+                "--channel-fd", "3", "--device-lock-fd", "4", *extra_args]
         # The wall limit here only bounds a process nobody ever hands a job (the slot applies the job's timeout).
         limits = self._limits(cfg, cfg.start_timeout_s + 24 * 3600)
         try:
-            process = self._spawn(argv, workdir, limits, self._env(workdir, device), pass_fds=(theirs.fileno(),))
+            process = self._spawn(argv, workdir, limits, self._env(workdir, device), pass_fds=(theirs.fileno(), lock))
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
+            os.close(lock)
         return process, ours
 
     def _start(self, device: str) -> _Worker:
@@ -237,20 +242,32 @@ class GpuPool:
         return judge
 
     def _lock_file(self, device: str) -> str:
+        """The lock file of a device. A GPU's is machine-wide (`device_lock_dir`, named by the physical GPU) when
+        that directory is ours and writable by us alone; otherwise (another user's, or one a candidate planted)
+        the pool's own. The file is ours, 0600, opened without following links: processes get a descriptor of it
+        (pass_fds), never its path, so no candidate can take the lock of a job that is not its own."""
         if self.config.device_type == "cuda" and self.config.device_lock_dir:
             directory = self.config.device_lock_dir
             name = "".join(c if c.isalnum() or c in "-_" else "_" for c in _physical_device(device))
-            if not os.path.isdir(directory):
-                os.makedirs(directory, exist_ok=True)
-                _chmod_if_owner(directory, 0o1777)   # like /tmp: every user's pools, sandboxed workers included
+            try:
+                os.makedirs(directory, mode=0o755, exist_ok=True)
+                st = os.lstat(directory)
+                safe = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+            except OSError:
+                safe = False
+            if not safe:
+                log.warning("device lock dir %s is not a directory of ours writable by us alone: locking per pool "
+                            "(two evaluators on one GPU may then time at once)", directory)
+                directory = self.run_dir
         else:
             directory, name = self.run_dir, device
         path = os.path.join(directory, f"device-{name}.lock")
-        if not os.path.exists(path):
-            with open(path, "a"):
-                pass
-            _chmod_if_owner(path, 0o666)
+        os.close(_open_lock(path))
         return path
+
+    def _open_lock(self, device: str) -> int:
+        """A new open file description of the device's lock file (flock locks belong to one)."""
+        return _open_lock(self._lock_file(device))
 
     def _await_ready(self, worker: _Worker) -> bool:
         """The worker's "ready" on its socket (untrusted only in form: no candidate code has run in it yet)."""
@@ -378,12 +395,14 @@ class JudgeFailed(RuntimeError):
     """The judge process could not be started (the job is reported as the evaluator's failure)."""
 
 
-def _chmod_if_owner(path: str, mode: int) -> None:
-    """Another user's pool may have created the shared lock directory or file; it set the mode already."""
-    try:
-        os.chmod(path, mode)
-    except PermissionError:
-        pass
+def _open_lock(path: str) -> int:
+    """An O_RDONLY descriptor of a lock file of ours (created 0600; never through a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(f"lock file {path} is not a regular file of ours")
+    return fd
 
 
 def _physical_device(index: str) -> str:

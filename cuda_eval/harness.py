@@ -143,15 +143,15 @@ FRESH_SEED = 4343          # ... then with these: the output must follow
 
 # --- device state ---------------------------------------------------------------------------------------------
 class Device:
-    """The device of a judge or worker process. `lock_path` names a file shared by all processes of the same GPU:
-    exclusive flock while one initialises CUDA (start-up) and while the judge times, so that a process starting up
+    """The device of a judge or worker process. `lock_fd`: a descriptor of the file all processes of the same GPU
+    lock (handed over by the pool): exclusive flock while one initialises CUDA (start-up) and while the judge times, so that a process starting up
     never disturbs a measurement (the kernel releases the lock if a process dies). `checks`: the candidate's worker
     also prepares the kernel trace and the fork-check gate."""
 
-    def __init__(self, device_type: str, cpu_threads: int, lock_path: str | None = None, *, who: str,
+    def __init__(self, device_type: str, cpu_threads: int, lock_fd: int | None = None, *, who: str,
                  checks: bool):
         self.type = device_type
-        self.lock_path = lock_path
+        self.lock_fd = lock_fd
         self.who = who
         torch.set_grad_enabled(False)  # KernelBench evaluates under no_grad
         self._warm_up_host(checks)
@@ -164,25 +164,32 @@ class Device:
     def exclusive(self, deadline: float | None = None):
         """The device lock; with a deadline (time.monotonic()), TimeoutError when it cannot be had by then (a
         candidate's worker may hold it to stall the judge: it gets its own timeout, not ours)."""
-        if not self.lock_path:
+        fd = self.lock_fd
+        if fd is None:
             yield
             return
-        fd = os.open(self.lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        if deadline is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if _monotonic() > deadline:
+                        raise TimeoutError("the GPU's timing lock was not free in time") from None
+                    time.sleep(0.002)
         try:
-            if deadline is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            else:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if _monotonic() > deadline:
-                            raise TimeoutError("the GPU's timing lock was not free in time") from None
-                        time.sleep(0.002)
             yield
         finally:
-            os.close(fd)  # closing releases the lock
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def drop_lock(self) -> None:
+        """Close the lock's descriptor: the candidate's worker does, before any candidate code runs, so that a
+        candidate cannot hold the GPU's timing lock (the judge holds it while it times)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     def _warm_up_host(self, checks: bool) -> None:
         """First uses that cost seconds on the host (dispatch-mode machinery, profiler import) belong to start-up,

@@ -259,8 +259,8 @@ class Job:
     def receive_output(self, reply: dict, blobs: list) -> Any:
         try:
             return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared)
-        except wire.WireError as e:
-            raise WorkerLost("protocol", f"the worker sent a malformed output: {e}")
+        except Exception as e:  # whatever the worker sent: its verdict, never our internal error
+            raise WorkerLost("protocol", f"the worker sent a malformed output: {type(e).__name__}: {e}"[:500])
 
     def max_output_bytes(self) -> int:
         return 2 * self.output_bytes + (1 << 16)
@@ -534,11 +534,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--cpu-threads", type=int, default=1)
     parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
-    parser.add_argument("--device-lock", default=None)
+    parser.add_argument("--device-lock-fd", type=int, default=None, help="a descriptor of the GPU's lock file "
+                        "(flocked around CUDA initialisation and timing)")
     args = parser.parse_args(argv)
     ctl = socket.socket(fileno=args.channel_fd)
     try:
-        device = Device(args.device_type, args.cpu_threads, args.device_lock, who="judge", checks=False)
+        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="judge", checks=False)
         with device.exclusive():
             device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
     except BaseException as e:

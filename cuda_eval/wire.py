@@ -120,10 +120,12 @@ def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | Non
             out = [walk(i, depth + 1) for i in items]
             return tuple(out) if node["kind"] == "tuple" else out
         if kind == "tensor":
-            dtype = DTYPES.get(node.get("dtype"))
+            name = node.get("dtype")
+            dtype = DTYPES.get(name) if _type(name) is str else None
             shape, index = node.get("shape"), node.get("blob")
-            if dtype is None or not isinstance(shape, list) or \
-                    not all(_type(s) is int and 0 <= s < (1 << 40) for s in shape):
+            if dtype is None or _type(shape) is not list or len(shape) > 16 or \
+                    not all(_type(s) is int and 0 <= s <= max_bytes for s in shape) or \
+                    math.prod(s for s in shape if s) > max(1, max_bytes):  # a 0-size shape must be allocatable
                 raise WireError("malformed tensor description")
             itemsize = torch.empty((), dtype=dtype).element_size()
             if "offset" in node:

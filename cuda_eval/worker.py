@@ -474,8 +474,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--cpu-threads", type=int, default=1)
     parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
-    parser.add_argument("--device-lock", default=None, help="file all processes of this device flock around "
-                        "CUDA initialisation and timing")
+    parser.add_argument("--device-lock-fd", type=int, default=None, help="a descriptor of the GPU's lock file "
+                        "(flocked around CUDA initialisation and timing)")
     parser.add_argument("--start-timeout", type=float, default=0.0,
                         help="dump every thread's Python stack to stderr if start-up takes longer than this (the "
                         "pool kills a worker that is not ready in time; the dump says where it hung)")
@@ -485,13 +485,14 @@ def main(argv: list[str] | None = None) -> None:
         faulthandler.dump_traceback_later(args.start_timeout, exit=False)
     milestone("worker", f"torch {torch.__version__} imported")
     try:
-        device = Device(args.device_type, args.cpu_threads, args.device_lock, who="worker", checks=True)
+        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="worker", checks=True)
     except BaseException as e:
         channel.send(sock, {"op": "ready", "ok": False, "error": format_exception(e, "start")})
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()
         os._exit(3)
     faulthandler.cancel_dump_traceback_later()
+    device.drop_lock()  # candidate code never holds the GPU's timing lock: the judge takes it to time
     milestone("worker", "ready")
     try:
         channel.send(sock, {"op": "ready", "ok": True, "info": device.info})
