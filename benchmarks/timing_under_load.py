@@ -6,7 +6,7 @@ and judging a whole RL batch, compared with the same kernels timed alone on an i
 
 The set (built here, one item = id, task source, program): every honest kernel of tests/cuda_eval/corpus, the 21
 solved tasks of benchmarks/candidates and the built-in tasks' correct_* solutions (elementwise maps, reductions,
-matmuls, level-2 fused ops; < 0.1 ms to > 5 ms). Only items correct in scenario 1 are analysed; the others are
+matmuls, level-2 fused ops; < 0.1 ms to about 4 ms: nothing over 5 ms among them). Only items correct in scenario 1 are analysed; the others are
 listed with the reason they were dropped.
  1. idle: one Evaluator, compile cache warmed first (untimed), each item in its own evaluate() call, one after the
     other. ref_timing_cache=False: every reference is timed fresh, idle (nothing of 1 can leak into 2).
