@@ -6,6 +6,7 @@ judge and worker processes only.
 """
 from __future__ import annotations
 
+import argparse
 import builtins
 import contextlib
 import fcntl
@@ -47,6 +48,17 @@ class ReferenceError_(Exception):
 
 
 _STARTED = time.monotonic()
+
+
+def process_arguments(description: str) -> argparse.ArgumentParser:
+    """The command line the pool starts a judge or a worker with."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--cpu-threads", type=int, default=1)
+    parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
+    parser.add_argument("--device-lock-fd", type=int, default=None, help="a descriptor of the GPU's lock file "
+                        "(flocked around CUDA initialisation and timing)")
+    return parser
 
 
 def milestone(who: str, what: str) -> None:

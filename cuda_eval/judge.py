@@ -20,7 +20,6 @@ work in the timed loop) is listed in docs/EVALUATOR.md, "Trust boundary".
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -35,9 +34,9 @@ import torch
 from cuda_eval import channel, compare, dynamic_checks, timing, wire
 from cuda_eval.channel import ChannelError
 from cuda_eval.compare import bitwise_equal, compare_outputs, tensors_in
-from cuda_eval.harness import (CHANNEL_FD, FRESH_SEED, MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device,
-                               ReferenceError_, dtype_signature, format_exception, init_inputs, load_task,
-                               make_inputs, map_tree, milestone, set_seed, trial_seed, tree_nbytes)
+from cuda_eval.harness import (FRESH_SEED, MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
+                               dtype_signature, format_exception, init_inputs, load_task, make_inputs, map_tree,
+                               milestone, process_arguments, set_seed, trial_seed, tree_nbytes)
 
 _monotonic = time.monotonic
 REF_DRIFT = 1.5               # a cached reference time is checked before each candidate: off by more = drift
@@ -530,12 +529,7 @@ def _serve(ctl: socket.socket, device: Device) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--cpu-threads", type=int, default=1)
-    parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
-    parser.add_argument("--device-lock-fd", type=int, default=None, help="a descriptor of the GPU's lock file "
-                        "(flocked around CUDA initialisation and timing)")
+    parser = process_arguments(__doc__.split("\n")[0])
     args = parser.parse_args(argv)
     ctl = socket.socket(fileno=args.channel_fd)
     try:

@@ -21,7 +21,6 @@ candidate that attacks the harness itself can evade: docs/EVALUATOR.md, "Trust b
 """
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import gc
 import os
@@ -37,9 +36,9 @@ import torch
 from cuda_eval import channel, dynamic_checks, harness, timing, wire
 from cuda_eval.channel import ChannelError
 from cuda_eval.compare import bitwise_equal, non_plain_tensors, overlaps, tensors_in
-from cuda_eval.harness import (CANDIDATE_MODULE, CHANNEL_FD, FRESH_FIRST_SEED, FRESH_LAYOUT_SEED, FRESH_SEED,
-                               CandidateError, Device, exec_module, format_exception, init_inputs,
-                               load_task, make_inputs, map_tree, milestone, set_seed)
+from cuda_eval.harness import (CANDIDATE_MODULE, FRESH_FIRST_SEED, FRESH_LAYOUT_SEED, FRESH_SEED, CandidateError,
+                               Device, exec_module, format_exception, init_inputs, load_task, make_inputs, map_tree,
+                               milestone, process_arguments, set_seed)
 
 # Captured before any candidate code runs: a candidate replacing these (flagged as monkeypatch) cannot change how
 # we synchronise, seed or time.
@@ -470,12 +469,7 @@ class Worker:
 
 # --- process entry --------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--cpu-threads", type=int, default=1)
-    parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
-    parser.add_argument("--device-lock-fd", type=int, default=None, help="a descriptor of the GPU's lock file "
-                        "(flocked around CUDA initialisation and timing)")
+    parser = process_arguments(__doc__.split("\n")[0])
     parser.add_argument("--start-timeout", type=float, default=0.0,
                         help="dump every thread's Python stack to stderr if start-up takes longer than this (the "
                         "pool kills a worker that is not ready in time; the dump says where it hung)")
