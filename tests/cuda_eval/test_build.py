@@ -251,9 +251,12 @@ def test_sources_stay_ours_and_the_product_is_a_copy(toolchain, sandbox_tmp):
     assert result.ok, result.raw_log
     root = sandbox_tmp / "b"
     assert sorted(os.listdir(root)) == ["out", "product", "src"]
-    for d in ("src", "product"):
-        st = os.lstat(root / d)
-        assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755
+    st = os.lstat(root / "product")
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755
+    # src/ is readable by this build's sandbox uid alone (its group), not by other candidates' processes
+    st, out = os.lstat(root / "src"), os.lstat(root / "out")
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == (0o750 if os.geteuid() == 0 else 0o755)
+    assert os.geteuid() != 0 or st.st_gid == out.st_uid != 0
     assert os.listdir(root / "src") == ["main.cpp"] and os.lstat(root / "src" / "main.cpp").st_uid == os.geteuid()
     assert result.so_path == str(root / "product" / "layout.so")
     assert open(result.so_path, "rb").read() == (root / "out" / "layout.so").read_bytes()
