@@ -329,9 +329,54 @@ def scenario_load_and_warm(items: list[Item], loads: list[Item], args, out: dict
             out["scenarios"][label] = {"startup_s": startup if label == "load" else 0.0, "wall_s": wall,
                                        "n": len(batch), "device": info, "per_hour": len(batch) / wall * 3600}
             log(f"{label}: scenario wall {wall:.0f} s ({len(batch) / wall * 3600:.0f} programs/hour)")
+        if args.with_sampler:
+            out["records_shared"] = scenario_shared_gpu(ev, items, args, out)
     finally:
         ev.close()
     return recs["load"][0], recs["warm"][0], recs["load"][1], recs["warm"][1]
+
+
+def scenario_shared_gpu(ev, items: list[Item], args, out: dict) -> dict:
+    """Scenario 4 (--with-sampler): the analysed set again on the warm evaluator while a JAX sampler generates on the
+    same GPU without pause (benchmarks/jax_generate_load.py: what configs/one_gpu.py would do if generation and
+    evaluation overlapped). Reported apart: no target applies; it shows what sharing the GPU does to the timings."""
+    import signal
+    gen_out = os.path.join(os.path.dirname(os.path.abspath(args.out)), "jax_generate_load.json")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(args.device))
+    cmd = [sys.executable, str(REPO / "benchmarks" / "jax_generate_load.py"), "--out", gen_out]
+    if args.device_type == "cpu":
+        cmd.append("--tiny")
+    log(f"shared: starting the JAX sampler ({' '.join(cmd[1:])})")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    recs: dict = {}
+    tail: list[str] = []
+    try:
+        ready_by = time.monotonic() + 900
+        for line in proc.stdout:            # compile + first round; its output kept for the report
+            tail = (tail + [line.rstrip()])[-20:]
+            if line.startswith("READY") or time.monotonic() > ready_by:
+                break
+        if proc.poll() is not None or not tail or not tail[-1].startswith("READY"):
+            out["scenarios"]["shared"] = {"error": "the JAX sampler did not start: " + " / ".join(tail)[-1500:]}
+            log(f"shared: {out['scenarios']['shared']['error']}")
+            return recs
+        log("shared: the sampler generates; one evaluate() of the analysed set")
+        results, wall = run_batch(ev, [request(it, f"shared:{it.id}") for it in items], "shared")
+        recs = {it.id: record(res) for it, res in zip(items, results)}
+        out["scenarios"]["shared"] = {"startup_s": 0.0, "wall_s": wall, "n": len(items), "device": {},
+                                      "per_hour": len(items) / wall * 3600}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    try:
+        rounds = json.loads(Path(gen_out).read_text())["rounds"]
+        out["scenarios"]["shared"]["sampler_tok_s"] = [r["tok_s"] for r in rounds]
+    except (OSError, ValueError, KeyError):
+        pass
+    return recs
 
 
 # --- the per-call floor (empty forward) ---------------------------------------------------------------------------
@@ -650,6 +695,30 @@ def summarise(an: dict, set_load: dict, load_set: dict, loads_warm: dict, floor:
             "pass": not failing}
 
 
+def summarise_shared(an: dict, shared: dict) -> dict:
+    """Scenario 4 against the base scenario, per analysed item: shared / base for speedup and both times."""
+    rows, lost = [], []
+    for r in an["rows"]:
+        b, v = r[r["base"]], shared.get(r["id"])
+        if v is None:
+            continue
+        if not _timed(v):
+            lost.append({"id": r["id"], "error": v.get("error"), "flags": [f["code"] for f in v.get("flags", [])]})
+            continue
+        rows.append({"id": r["id"], "size_ms": r["size_ms"], "contended": bool(v.get("contended")),
+                     "new_flags": sorted({f["code"] for f in v["flags"]} - {f["code"] for f in b["flags"]}),
+                     **{m: v[m] / b[m] for m in ("speedup", "cand_ms", "ref_ms")}})
+    groups = {}
+    for m in ("speedup", "cand_ms", "ref_ms"):
+        for name, pick in (("big", lambda x: min(x["size_ms"].values()) >= BIG_MS),
+                           ("small", lambda x: min(x["size_ms"].values()) < BIG_MS)):
+            vals = [x[m] for x in rows if pick(x)]
+            groups[f"{m}/{name}"] = {"n": len(vals), "p50": quantile(vals, 0.5), "p95": quantile(vals, 0.95),
+                                     "min": min(vals, default=float("nan")), "max": max(vals, default=float("nan"))}
+    return {"rows": rows, "lost": lost, "groups": groups, "contended": sum(x["contended"] for x in rows),
+            "n": len(rows), "new_flags": [x for x in rows if x["new_flags"]]}
+
+
 # --- printing -----------------------------------------------------------------------------------------------------
 def fmt(x, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
@@ -661,6 +730,8 @@ def print_report(out: dict) -> None:
     print(f"\n## Timing under load ({out.get('device_name')}, {out['args']['compile_workers']} compile workers, "
           f"timing method {out.get('timing_method')})\n")
     for name, sc in out["scenarios"].items():
+        if "wall_s" not in sc:
+            continue
         print(f"- scenario {name}: {sc['n']} evaluations, wall {sc['wall_s']:.0f} s, start-up {sc['startup_s']:.0f} s"
               + (f", warm compile {sc['warm_compile_s']:.0f} s" if "warm_compile_s" in sc else ""))
     print(f"- set: {out['set_n']} items, analysed {len(an['rows'])}, dropped {len(an['dropped'])}; "
@@ -743,6 +814,27 @@ def print_report(out: dict) -> None:
         for key in ("error", "subprocess_error"):
             if floor.get(key):
                 print(f"floor {key}: {floor[key][:400]}")
+    sh = s.get("shared")
+    if sh is not None:
+        sc = out["scenarios"].get("shared", {})
+        rate = sc.get("sampler_tok_s") or []
+        print(f"\n## Scenario 4: the set while a JAX sampler generates on the same GPU (apart from the targets)\n")
+        if sc.get("error"):
+            print(f"- not run: {sc['error'][:400]}")
+        print(f"- {sh['n']} timed, {len(sh['lost'])} not correct/timed; meta.timing_contended {sh['contended']}/"
+              f"{sh['n']}; flags not seen in {base}: {len(sh['new_flags'])}"
+              + (f"; sampler {statistics.median(rate):.0f} tok/s median over {len(rate)} rounds" if rate else ""))
+        print(f"\n| shared / {base} | group | n | min | p50 | p95 | max |")
+        print("|---|---|---|---|---|---|---|")
+        for key, g in sh["groups"].items():
+            metric, group = key.split("/")
+            label = f">= {BIG_MS * 1e3:.0f} us" if group == "big" else f"< {BIG_MS * 1e3:.0f} us"
+            print(f"| {metric} | {label} | {g['n']} | {fmt(g['min'])} | {fmt(g['p50'])} | {fmt(g['p95'])} | "
+                  f"{fmt(g['max'])} |")
+        for x in sh["new_flags"]:
+            print(f"    new flags {x['id']}: {x['new_flags']}")
+        for x in sh["lost"]:
+            print(f"    lost {x['id']}: {str(x.get('error'))[:150]} {x.get('flags')}")
     print(f"\noverall: {'PASS' if s['pass'] else 'FAIL: ' + ', '.join(s['failing'])} (criteria: timing targets, "
           f"no false positives, no lost verdicts, per-call floor); total wall {out['total_wall_s']:.0f} s")
 
@@ -763,6 +855,8 @@ def main():
     p.add_argument("--skip-empty", action="store_true", help="no per-call floor measurement")
     p.add_argument("--timing-method", default="", help="EvalConfig.timing_method (only if the evaluator has it)")
     p.add_argument("--keep-cache", action="store_true", help="leave the build caches in /var/tmp")
+    p.add_argument("--with-sampler", action="store_true", help="scenario 4: the set again while a JAX sampler "
+                   "generates on the same GPU (reported apart, no target)")
     args = p.parse_args()
     from cuda_eval.api import EvalConfig
     if args.timing_method and "timing_method" not in {f.name for f in dataclasses.fields(EvalConfig)}:
@@ -811,6 +905,8 @@ def main():
         out["analysis"] = analyse(items, idle, load, warm, args.skip_idle)
         out["summary"] = summarise(out["analysis"], load, load_recs, warm_loads, out.get("empty_forward"),
                                    args.skip_idle)
+        if args.with_sampler:
+            out["summary"]["shared"] = summarise_shared(out["analysis"], out.get("records_shared") or {})
     if args.device_type == "cpu":
         out["summary"]["failing"].append("CPU smoke mode: plumbing only, the targets are for a GPU")
         out["summary"]["pass"] = False

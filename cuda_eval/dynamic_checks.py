@@ -402,7 +402,9 @@ class ThreadWatch:
 # --- freed-memory poisoning -------------------------------------------------------------------------------------
 def poison_free_memory(device_type: str, recent_sizes: Iterable[int] = ()) -> int:
     """Fill memory the allocator will hand out next with POISON_BYTE. CUDA: every inactive block of the caching
-    allocator (from its snapshot). CPU: blocks of the sizes just freed (glibc reuses them first). Returns bytes."""
+    allocator (from its snapshot), and a block of each of `recent_sizes` (allocated if need be, so that an output
+    of that size that is never written is poison even when the allocator had nothing cached). CPU: blocks of the
+    sizes just freed (glibc reuses them first). Returns bytes."""
     held, total = [], 0
     if device_type == "cuda":
         sizes = []
@@ -410,7 +412,7 @@ def poison_free_memory(device_type: str, recent_sizes: Iterable[int] = ()) -> in
             for block in segment.get("blocks", []):
                 if block.get("state") == "inactive":
                     sizes.append(int(block["size"]))
-        for size in sorted(sizes, reverse=True):
+        for size in sorted(sizes + [int(s) for s in recent_sizes], reverse=True):
             try:
                 t = torch.empty(size, dtype=torch.uint8, device="cuda")
             except torch.OutOfMemoryError:

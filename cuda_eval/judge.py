@@ -200,6 +200,7 @@ class Job:
         ref_mutates = not bitwise_equal(warm_inputs, guard)
         ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
+        output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
         self.input_dtypes = dtype_signature(warm_inputs)
         self.meta.update(reference_ops=self.ref_ops, input_dtypes=self.input_dtypes,
                          output=compare.structure(warm_out))
@@ -215,7 +216,8 @@ class Job:
         job = {"op": "job", "task_source": self.payload["task_source"], "code": self.payload["code"],
                "modules": self.payload.get("modules", []), "kernel_names": self.payload.get("kernel_names", []),
                "runtime_build": self.payload.get("runtime_build"), "config": self.cfg, "kind": self.kind,
-               "ref": {"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases}}
+               "ref": {"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases,
+                       "output_sizes": output_sizes}}
         try:
             channel.send_fd(self.sock, job, self.shared.fd)
         except OSError as e:

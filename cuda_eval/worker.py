@@ -174,7 +174,11 @@ class Worker:
         self.meta["extension_functions"] = len(self.ext_functions)
         self.model_tensors = [t for t in list(self.cand_model.parameters()) + list(self.cand_model.buffers())]
         self.prev_output = None
-        self.recent_sizes: list[int] = []
+        # Sizes of the reference's output tensors (from the judge): a block of each, poisoned and freed before the
+        # first trial, is what an output that is never written would be handed (the reference runs in the judge, so
+        # the worker's allocator holds no freed output of its own yet).
+        self.recent_sizes: list[int] = [int(x) for x in (job.get("ref") or {}).get("output_sizes", [])
+                                        if isinstance(x, int) and 0 < x <= (1 << 36)][:64]
         self.trial_ops: set[str] = set()
         self.reply("loaded")
 
