@@ -219,8 +219,9 @@ def to_samples(examples: Sequence[Example], renderer: PromptRenderer, end_token:
 def response_nll_fn(graphdef, mesh, rl: RLConfig):
     """loss(params, micro_batch) = -sum over response targets of weight * log p (prompt and padding masked).
     Unpacked rows (rl.pack=False) are one sequence then padding, as in the RL update: promised to the model so that
-    it uses cuDNN flash attention on GPU. Without the promise (sessions 5-9) it fell back to blockwise pure-JAX
-    attention beyond 4096 tokens: warm-start steps at 0.3-0.6% MFU and a 17 GiB buffer (docs/LOG.md, session 9)."""
+    it uses cuDNN flash attention on GPU. Without the promise it fell back to blockwise pure-JAX attention beyond
+    4096 tokens: warm-start steps at 0.3-0.6% MFU and a 17 GiB buffer (docs/LOG.md, "the warm start ran without flash
+    attention")."""
     def loss_fn(params, mb):
         with parallel.activation_sharding(mesh):
             logp = nnx.merge(graphdef, params).token_logprobs(mb["tokens"], mb["positions"], mb["segment_ids"],

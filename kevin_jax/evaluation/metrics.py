@@ -1,6 +1,6 @@
 """Kevin's evaluation metrics over multi-turn trajectories, and the unbiased best@k estimator (Chen et al. 2021).
 
-Definitions (Kevin, arXiv 2507.11948; issue 8):
+Definitions (Kevin, arXiv 2507.11948):
 - A kernel is correct when it is well formed, correct and carries no hack flag (`rl.scores.counts_as_correct`).
   Where nothing ran (compile-only verdicts) the only thing known is whether it compiled: the metric is then called
   "compiled" and there is no performance.

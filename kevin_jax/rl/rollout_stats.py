@@ -36,7 +36,8 @@ def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfi
 
 
 # A token the sampler drew with probability below this is a "tail" token: with a memorised policy (per-token NLL
-# ~0.01) one such draw is how a long copy of an earlier kernel derails (docs/LOG.md, session 11).
+# ~0.01) one such draw is how a long copy of an earlier kernel derails (docs/LOG.md, "reward.baseline=turn_mean,
+# both seeds").
 TAIL_PROB = 0.05
 
 
@@ -72,7 +73,7 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
         # A turn whose samples are pushed down on average at every step (reward.baseline, kevin_jax.rl.scores).
         out[f"turn{i}/advantage_mean"] = _mean(t.advantage for t in at)
-        # A turn that un-sharpens during RL: session 11's failed seed, later turns only (docs/LOG.md).
+        # A turn that un-sharpens during RL: the failed seed's later turns (docs/LOG.md, "reward.baseline=turn_mean").
         out[f"turn{i}/sampled_nll"] = _mean(sampled_nll(t.response_logprobs) for t in at)
         out[f"turn{i}/tail_token_rate"] = _mean(drew_tail_token(t.response_logprobs) for t in at)
         out[f"turn{i}/samples"] = float(len(at))

@@ -8,8 +8,9 @@
   baseline = the group mean, or for each sample the mean of the others ("leave_one_out"), or the mean of the task's
   samples at the same turn ("turn_mean"); std is always the task's; `normalize_std=False` drops the std division
   (Dr. GRPO). Why "turn_mean": with one baseline for all turns, an early turn's return sums more discounted scores
-  than a late one's, so the last turn's samples get a negative advantage on average (docs/LOG.md, session 10: about
-  -0.3 to -0.6 std at every step of the demo runs, while last-turn kernels got worse). A per-turn baseline removes
+  than a late one's, so the last turn's samples get a negative advantage on average (about -0.3 to -0.6 std at
+  every step of the demo runs, while last-turn kernels got worse: docs/LOG.md, "Kevin's one baseline for all turns
+  pushes the last turn down at every step"). A per-turn baseline removes
   that offset and keeps the std (the step size) of the whole task.
 Pure numpy on plain data: verdicts are `EvalResult.to_dict()` dicts (or anything with the same attributes), so saved
 trajectories can be re-scored without the evaluator.

@@ -143,10 +143,10 @@ class PallasParams:
     interpret: bool
 
 
-# Automatic blocking: the winner of benchmarks/sampler.py's sweep on the H200 (docs/LOG.md, session 4): 64 keys per
-# block, >= 512 keys per program, 4 warps, ONE pipeline stage. One stage needs a third of the shared memory of three,
-# so more programs share an SM and hide each other's latency: at batch 512, attention took 14.3 ms/step (1.5B) and
-# 23.2-23.9 ms (7B) against 18.7 ms and >= 30.9 ms with 3 stages, our first-principles guess. Tables longer than 16k
+# Automatic blocking: the winner of benchmarks/sampler.py's sweep on the H200 (docs/LOG.md, "two H200 leases"): 64 keys
+# per block, >= 512 keys per program, 4 warps, ONE pipeline stage. One stage needs a third of the shared memory of
+# three, so more programs share an SM and hide each other's latency: at batch 512, attention took 14.3 ms/step (1.5B)
+# and 23.2-23.9 ms (7B) against 18.7 ms and >= 30.9 ms with 3 stages, our first-principles guess. Tables longer than 16k
 # keys get longer programs so that the partial outputs combined afterwards (16 padded query rows per split) stay small.
 _AUTO_BLOCK_TOKENS = 64
 _AUTO_SPLIT_TOKENS = 512

@@ -1,9 +1,9 @@
 """The jitted device work of the sampler: a cached forward through the model's own layers, prefill, and a decode loop.
 
-The layers are engineer D's `DecoderLayer`s, run through Contract 3's attention hook: the sampler's attention_fn
-writes the new keys/values into the paged pool and attends over the pages. The layer loop is a scan here (not
-`Qwen2ForCausalLM.run_layers`) only because the pool must ride in the scan *carry*: as run_layers' per-layer
-scanned state it would be re-stacked, i.e. copied whole, on every decode step.
+The layers are the model's own `DecoderLayer`s, run through its attention hook (docs/ARCHITECTURE.md, Contract 3): the
+sampler's attention_fn writes the new keys/values into the paged pool and attends over the pages. The layer loop is a
+scan here (not `Qwen2ForCausalLM.run_layers`) only because the pool must ride in the scan *carry*: as run_layers'
+per-layer scanned state it would be re-stacked, i.e. copied whole, on every decode step.
 """
 from __future__ import annotations
 
