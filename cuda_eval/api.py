@@ -106,11 +106,11 @@ class EvalConfig:
 
 
 def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
-    """Spare workers per device when EvalConfig.spare_workers is 0. A device runs one candidate at a time (~0.9 s
-    of worker wall on an H200) while a fresh worker needs seconds to import torch and initialise CUDA; with 2 spares
-    the GPU mostly waited for workers (docs/LOG.md: 28% busy in eval_throughput; session 5, a 68-kernel round took
-    117 s for ~0.9 s jobs). Enough spares to hide start-up, bounded by the cores (a start-up is CPU-bound) and by
-    memory (a CUDA context each)."""
+    """Spare workers per device when EvalConfig.spare_workers is 0. A device runs one candidate at a time (~0.9 s of
+    worker wall on an H200) while a fresh worker needs seconds to import torch and initialise CUDA; with 2 spares
+    the GPU mostly waited for workers (docs/LOG.md, "steps are evaluation-bound": 28% busy in eval_throughput, a
+    68-kernel round took 117 s for ~0.9 s jobs). Enough spares to hide start-up, bounded by the cores (a start-up is
+    CPU-bound) and by memory (a CUDA context each)."""
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 2)
     return max(2, min(8, cores // (2 * max(1, n_devices))))
 
@@ -459,7 +459,7 @@ class Evaluator:
         }
 
     def _runtime_build(self) -> dict | None:
-        """What a worker needs to build an extension reached only at run time (part 1's RuntimeBuilder)."""
+        """What a worker needs to build an extension reached only at run time (build.RuntimeBuilder)."""
         toolchain = getattr(self.compile_pool, "toolchain", None)
         if toolchain is None or not hasattr(toolchain, "to_dict"):
             return None

@@ -295,7 +295,7 @@ class Worker:
 
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
-        through part 1's RuntimeBuilder (cache hit, or our build in this worker's directory)."""
+        through the compile stage's build.RuntimeBuilder (cache hit, or our build in this worker's directory)."""
         from cuda_eval import candidate
         builder = None
         runtime = self.job.get("runtime_build")

@@ -13,7 +13,7 @@ import pytest
 
 from cuda_eval.api import EvalConfig, EvalRequest, EvalResult, Evaluator, crash_message, resolve_devices
 from cuda_eval.gpu_pool import WorkerOutcome
-from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (part 1's session pool)
+from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (the run's shared pool)
 
 CORPUS = Path(__file__).parent / "corpus"
 RELU_TASK = (CORPUS / "tasks" / "relu.py").read_text()
@@ -258,7 +258,7 @@ def test_importing_the_api_does_not_import_torch():
 
 @pytest.mark.nvcc
 @pytest.mark.slow
-def test_compile_only_verdicts_with_real_nvcc(compile_pool):  # noqa: F811  (part 1's session pool, sm_90)
+def test_compile_only_verdicts_with_real_nvcc(compile_pool):  # noqa: F811  (the run's shared pool, sm_90)
     bad = (CORPUS / "bad" / "compile_error.py").read_text()
     with Evaluator(EvalConfig(mode="compile_only"), compile_pool=compile_pool) as ev:
         ok, broken = ev.evaluate([EvalRequest("L1/relu", RELU_TASK, response(HONEST), "ok"),

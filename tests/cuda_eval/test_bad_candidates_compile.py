@@ -1,4 +1,4 @@
-"""Each bad input of issue 2 gets a clear verdict within its timeout, and the pool keeps working after it."""
+"""Each bad input of the compile stage gets a clear verdict within its timeout, and the pool keeps working after it."""
 import os
 import time
 

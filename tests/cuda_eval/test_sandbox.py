@@ -208,7 +208,7 @@ def _survives_parent_kill(sandbox_tmp, pool: bool) -> bool:
 
 
 def test_pool_worker_dies_with_a_killed_evaluator(sandbox_tmp):
-    """Session 8: a run cut by `timeout` left its GPU worker unwatched (the job timeout lives in the evaluator), and
+    """A run cut by `timeout` left its GPU worker unwatched (the job timeout lives in the evaluator), and
     the next run on that GPU measured every kernel ~9x slower. Pool workers now die with their slot thread."""
     assert not _survives_parent_kill(sandbox_tmp, pool=True), "a worker outlived its killed evaluator"
 

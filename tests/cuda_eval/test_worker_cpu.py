@@ -7,7 +7,7 @@ import pytest
 
 import corpus_index
 from cuda_eval.api import EvalConfig, Evaluator
-from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (part 1's session pool)
+from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (the run's shared pool)
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_cached_reference_time_is_checked_next_to_each_candidate(compile_pool, t
     """Speedups divide a cached reference time (timed once per task) by the candidate's, timed now. The worker
     re-times the reference briefly next to each candidate: a cached time that is 10x too slow (it would inflate every
     speedup) is replaced by a full timing now; one that is 10x too fast (as when the GPU is shared with another
-    process now: session 8) is kept, since a candidate must not raise its speedup by slowing what runs after it, and
+    process now) is kept, since a candidate must not raise its speedup by slowing what runs after it, and
     the verdict says its speedup is an under-estimate (meta.timing_contended)."""
     from cuda_eval.ref_timing import task_hash
     cand = BY_NAME["honest_relu"]

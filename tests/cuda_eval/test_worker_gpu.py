@@ -90,7 +90,7 @@ def test_dtypes_and_training_mode_semantics(gpu_ev):
 def test_torch_compile_baseline_leaves_honest_kernels_unflagged():
     """--torch_compile_baseline times torch.compile(reference) in the candidate's worker. torch.compile patches
     torch.nn.Module.__init__/__setstate__ and starts threads; before the fix those changes were pinned on the
-    candidate and every honest kernel was flagged (docs/LOG.md, session 5)."""
+    candidate and every honest kernel was flagged (docs/LOG.md, "torch.compile-baseline bug found")."""
     with tempfile.TemporaryDirectory() as ref_dir, \
             Evaluator(EvalConfig(devices="0", run_timeout_s=120, ref_compile=True,
                                  ref_timing_cache_dir=ref_dir)) as ev:
