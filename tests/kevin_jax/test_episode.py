@@ -314,7 +314,7 @@ def test_rollout_scalars_report_each_turns_mean_advantage():
 
 
 def test_rollout_scalars_report_each_turns_sharpness():
-    """rollout/turn{i}/sampled_nll and tail_token_rate show a turn whose samples un-sharpen (session 11's failed seed:
+    """rollout/turn{i}/sampled_nll and tail_token_rate show a turn whose samples un-sharpen (as in a failed demo seed:
     later turns drew more tokens from the tail and derailed more often)."""
     from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import TAIL_PROB, rollout_scalars

@@ -292,7 +292,7 @@ def test_loss_counts_response_tokens_only(tiny, tokenizer):
 
 def test_loss_promises_right_padded_rows_unless_packed(tiny, tokenizer, monkeypatch):
     """Unpacked rows reach the model as right-padded (cuDNN flash attention on GPU, as in the RL update); packed rows
-    do not. Before session 9 the promise was missing and the warm start ran blockwise attention at <1% MFU."""
+    do not. Without the promise the warm start ran blockwise attention at <1% MFU."""
     graphdef, params, mesh = tiny
     seen, original = [], qwen2.Qwen2ForCausalLM.token_logprobs
 
