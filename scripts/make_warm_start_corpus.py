@@ -13,10 +13,11 @@ them (a short thought, the program in a ```python block, a summary):
 - refinement, "correct": (the compile-error attempt, its feedback) -> the correct program; (the wrong attempt, its
   feedback) -> the correct program; and (compile error, wrong) -> correct as a third turn;
 - refinement, "correct", origin "<solution>:kept": after a correct attempt (first turn, or a fix, or a kept one;
-  turns 2-4), the same correct program again. Without these, every refinement context after a correct kernel was new to the warm policy, and RL
-  that made first turns correct made the later turns derail (docs/LOG.md, session 6: second-turn answers parsed
-  0.8 -> 0.5-0.6, third- and fourth-turn kernels 7% / 0% correct even before RL). No task has a second, faster
-  correct solution, so keeping the kernel is the best answer the corpus can show.
+  turns 2-4), the same correct program again. Without these, every refinement context after a correct kernel was
+  new to the warm policy, and RL that made first turns correct made the later turns derail (second-turn answers
+  parsed 0.8 -> 0.5-0.6, third- and fourth-turn kernels 7% / 0% correct even before RL: docs/LOG.md, "multi-turn RL
+  learns the first turn"). No task has a second, faster correct solution, so keeping the kernel is the best answer
+  the corpus can show.
 The attempts are stored as the environment carries them (code and summary as env.parse extracts them from the earlier
 answer, plus the feedback text), and kevin_jax.sft renders them through the environment's PromptRenderer. Feedback is
 cuda_eval.feedback.render of a hand-built EvalResult of the verdicts that need no timing: a compile error (the log in
