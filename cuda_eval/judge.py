@@ -213,6 +213,8 @@ class Job:
         self.phase("import_candidate")
         # The worker's outputs come back through shared memory of a size fixed here (wire.SharedBuffer).
         self.shared = wire.SharedBuffer(self.max_output_bytes())
+        if self.device.type == "cuda":
+            self.meta["outputs_pinned"] = self.shared.pin()
         job = {"op": "job", "task_source": self.payload["task_source"], "code": self.payload["code"],
                "modules": self.payload.get("modules", []), "kernel_names": self.payload.get("kernel_names", []),
                "runtime_build": self.payload.get("runtime_build"), "config": self.cfg, "kind": self.kind,
@@ -259,7 +261,8 @@ class Job:
 
     def receive_output(self, reply: dict, blobs: list) -> Any:
         try:
-            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared)
+            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
+                               device=self.device.torch_device if self.device.type == "cuda" else None)
         except Exception as e:  # whatever the worker sent: its verdict, never our internal error
             raise WorkerLost("protocol", f"the worker sent a malformed output: {type(e).__name__}: {e}"[:500])
 
@@ -481,8 +484,9 @@ def _same_bytes(a: Any, b: Any) -> bool:
         return False
     for x, y in zip(la, lb):
         if isinstance(x, wire.Received) and isinstance(y, wire.Received):
+            # one may be a device snapshot and the other a host copy (the worker chooses how it sends)
             if x.tensor.shape != y.tensor.shape or x.tensor.dtype != y.tensor.dtype or \
-                    not bitwise_equal(x.tensor, y.tensor):
+                    not bitwise_equal(x.tensor, y.tensor.to(x.tensor.device)):
                 return False
         elif isinstance(x, wire.Received) or isinstance(y, wire.Received) or x != y:
             return False

@@ -27,13 +27,18 @@ class WireError(ValueError):
 
 
 ALIGN = 64
+PIN_MIN_BYTES = 4 << 20        # smaller buffers copy fast enough unpinned; pinning costs a syscall per page
+DEVICE_SNAPSHOT_MAX = 1 << 30  # outputs up to this size are snapshotted straight into the judge's device memory
+                               # (it holds two trials' outputs and references at once: bounded)
 
 
 class SharedBuffer:
     """A memfd of a fixed size mapped here: the judge creates it (sealed: the worker can neither shrink nor grow it,
     so no access of the judge's mapping can fault) and hands it to the worker, which writes its outputs into it
     instead of sending them through the socket (one copy from the device, no socket copies). The judge copies what
-    it reads out at once: the worker can rewrite the buffer at any time."""
+    it reads out at once: the worker can rewrite the buffer at any time. On a GPU both sides page-lock their mapping
+    (`pin`), so the worker's device-to-host copy and the judge's host-to-device snapshot are DMA transfers, with no
+    staging through pageable memory and no host memcpy in between."""
 
     def __init__(self, size: int | None = None, fd: int | None = None):
         import mmap
@@ -45,8 +50,33 @@ class SharedBuffer:
         self.fd = fd
         self.size = os.fstat(fd).st_size
         self.map = mmap.mmap(fd, self.size)
+        self.pinned = False
+        self._pinned_view: torch.Tensor | None = None
+
+    def pin(self) -> bool:
+        """Page-locks the mapping for CUDA (cudaHostRegister). False when it is too small to matter or the driver
+        refuses: the copies then go through pageable memory, slower but the same."""
+        if self.pinned:
+            return True
+        if self.size < PIN_MIN_BYTES or not torch.cuda.is_available():
+            return False
+        try:
+            cudart = torch.cuda.cudart()
+            view = torch.frombuffer(self.map, dtype=torch.uint8)
+            if cudart.cudaHostRegister(view.data_ptr(), self.size, 0) != cudart.cudaError.success:
+                return False
+        except Exception:  # noqa: BLE001 - an unpinned buffer still works
+            return False
+        self._pinned_view, self.pinned = view, True
+        return True
 
     def close(self) -> None:
+        if self.pinned:
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self._pinned_view.data_ptr())
+            except Exception:  # noqa: BLE001 - the process's exit unpins it anyway
+                pass
+            self._pinned_view, self.pinned = None, False
         try:
             self.map.close()
         except BufferError:  # a view is still alive: the mapping goes with the process
@@ -87,10 +117,14 @@ def pack(obj: Any, shared: SharedBuffer | None = None) -> tuple[dict, list[memor
     return walk(obj, 0), blobs
 
 
-def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | None = None) -> Any:
+def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | None = None,
+           device: torch.device | None = None) -> Any:
     """The output described by `tree` with host tensors over `blobs` and copies of regions of `shared`. Leaves that
-    were neither tensors nor JSON scalars come back as `Opaque(type_name)` (they compare unequal to anything)."""
+    were neither tensors nor JSON scalars come back as `Opaque(type_name)` (they compare unequal to anything).
+    With `device` and a pinned `shared`, a region's copy (the snapshot the judge keeps) is made straight into device
+    memory, up to DEVICE_SNAPSHOT_MAX bytes in all; the rest is copied to the host."""
     total = [sum(len(b) for b in blobs)]
+    on_device = [0]
     if total[0] > max_bytes:
         raise WireError(f"{total[0]} bytes of output data (at most {max_bytes} expected)")
     used: set[int] = set()
@@ -105,8 +139,14 @@ def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | Non
             raise WireError(f"{total[0]} bytes of output data (at most {max_bytes} expected)")
         if not n:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(shared.map, dtype=torch.uint8, count=n, offset=start).clone().view(dtype).reshape(
-            shape)
+        region = torch.frombuffer(shared.map, dtype=torch.uint8, count=n, offset=start)
+        if device is not None and shared.pinned and on_device[0] + n <= DEVICE_SNAPSHOT_MAX:
+            on_device[0] += n
+            copy = region.to(device)      # one DMA transfer from the page-locked buffer
+        else:
+            copy = region.clone()
+        del region
+        return copy.view(dtype).reshape(shape)
 
     def walk(node: Any, depth: int) -> Any:
         leaves[0] += 1
@@ -151,7 +191,8 @@ def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | Non
 
 
 class Received:
-    """A tensor as the candidate's worker sent it: host data plus the device type it lived on."""
+    """A tensor as the candidate's worker sent it (a copy on the host, or on the judge's device) plus the device type
+    it lived on in the worker."""
     __slots__ = ("tensor", "device")
 
     def __init__(self, tensor: torch.Tensor, device: str):

@@ -101,6 +101,8 @@ class Worker:
                     header, fd = _channel_recv_fd(self.sock, max_header=64 << 20)
                     if fd is not None:
                         self.shared = wire.SharedBuffer(fd=fd)
+                        if self.device.type == "cuda":
+                            self.shared.pin()   # before any candidate code: our DMA target, as the judge's
                 else:
                     header, _ = _channel_recv(self.sock, max_header=64 << 20)
             except (ChannelError, OSError, ValueError):

@@ -188,3 +188,39 @@ def test_outputs_through_shared_memory():
     finally:
         worker_side.close()
         judge_side.close()
+
+
+def test_a_small_or_cpu_buffer_is_not_pinned():
+    buf = wire.SharedBuffer(1 << 12)
+    try:
+        assert buf.pin() is False and not buf.pinned   # under PIN_MIN_BYTES (and no CUDA on CPU machines)
+    finally:
+        buf.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_pinned_outputs_are_snapshotted_on_the_device(monkeypatch):
+    """On a GPU both sides pin the buffer; the judge's copy goes straight to its device (one DMA transfer) and is a
+    snapshot: rewriting the buffer afterwards changes nothing; past DEVICE_SNAPSHOT_MAX copies go to the host."""
+    judge_side = wire.SharedBuffer(64 << 20)
+    worker_side = wire.SharedBuffer(fd=os.dup(judge_side.fd))
+    try:
+        assert judge_side.pin() and worker_side.pin()
+        x = torch.randn(1 << 22, device="cuda")
+        tree, blobs = wire.pack((x, x[:5]), worker_side)
+        assert not blobs
+        out = wire.unpack(json.loads(json.dumps(tree)), [], max_bytes=64 << 20, shared=judge_side,
+                          device=torch.device("cuda"))
+        assert out[0].tensor.device.type == "cuda" and out[0].device == "cuda"
+        assert torch.equal(out[0].tensor, x) and torch.equal(out[1].tensor, x[:5])
+        torch.frombuffer(worker_side.map, dtype=torch.uint8).fill_(0)
+        assert torch.equal(out[0].tensor, x)
+        assert compare.compare_outputs(out[0], x, atol=0, rtol=0)["passed"]
+        monkeypatch.setattr(wire, "DEVICE_SNAPSHOT_MAX", 1 << 20)
+        tree, _ = wire.pack(x, worker_side)
+        host = wire.unpack(tree, [], max_bytes=64 << 20, shared=judge_side, device=torch.device("cuda"))
+        assert host.tensor.device.type == "cpu" and torch.equal(host.tensor, x.cpu())
+    finally:
+        worker_side.close()
+        judge_side.close()
