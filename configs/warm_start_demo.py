@@ -13,7 +13,7 @@ others do, most of them many. At 0.5 that tail is ~10-40x less likely, while a c
 variants (correct / wrong / non-compiling) stays as it was. The trainer recomputes log-probs at the same
 temperature. Everything else (tasks, turns, rewards, evaluator) is the one-GPU config.
 
-Commands (benchmarks/device/warm_start_demo.sh wraps them; README, "Does it learn?"):
+Commands (device/warm_start_demo.sh wraps them; README, "Does it learn?"):
   python launch/sft.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/sft
   python launch/train.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/multi_seed0 \\
       --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0

@@ -1,4 +1,4 @@
-"""benchmarks/warm_start_demo_summary.py judges issue 9's criterion from trajectory files (written here by hand in
+"""analysis/warm_start_demo_summary.py judges the demo's criterion from trajectory files (written here by hand in
 the trajectory format the trainer logs), so the device run's verdict does not hinge on a typo."""
 import json
 import os
@@ -35,7 +35,7 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
     _write_run(tmp_path / "flat", [0.8, 0.75, 0.85, 0.8, 0.8])
     _write_run(tmp_path / "short", [0.5, 0.9, 0.9])
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "benchmarks/warm_start_demo_summary.py", str(tmp_path / "rising"),
+    proc = subprocess.run([sys.executable, "analysis/warm_start_demo_summary.py", str(tmp_path / "rising"),
                            str(tmp_path / "flat"), str(tmp_path / "short"), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -72,7 +72,7 @@ def test_criterion_passes_a_rising_run_and_fails_a_flat_one(tmp_path):
 
 
 def test_turn_advantage_offset_from_tensorboard(tmp_path):
-    """benchmarks/turn_advantage_offset.py: every turn scoring 1.0 on average, gamma 0.4: E[R] = 1.624, 1.56, 1.4,
+    """analysis/turn_advantage_offset.py: every turn scoring 1.0 on average, gamma 0.4: E[R] = 1.624, 1.56, 1.4,
     1.0 (mean 1.396), so with return std 0.5 the offsets are +0.456, +0.328, +0.008, -0.792."""
     from kevin_jax.logs import MetricWriter
 
@@ -80,7 +80,7 @@ def test_turn_advantage_offset_from_tensorboard(tmp_path):
     for step in (1, 2):
         writer.write(step, {**{f"rollout/turn{t}/mean_score": 1.0 for t in range(4)}, "rollout/return_std": 0.5})
     writer.close()
-    proc = subprocess.run([sys.executable, "benchmarks/turn_advantage_offset.py",
+    proc = subprocess.run([sys.executable, "analysis/turn_advantage_offset.py",
                            str(tmp_path / "run" / "tensorboard")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

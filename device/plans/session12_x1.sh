@@ -11,12 +11,12 @@
 # Written before the run (docs/LOG.md, session 11): the criterion unchanged (per seed, last 3 steps vs step 1,
 # all-kernel correct fraction and mean score each >= +0.05; both seeds), and the mechanism's prediction: in both
 # seeds, rollout/turn{1,2,3}/sampled_nll over the last 3 steps no higher than at step 1 (the summary's per-turn table).
-# Use: first call `source benchmarks/device/setup.sh; export KEVIN_SKIP_BUILD=1; SEED=N bash
-# benchmarks/device/background.sh plan benchmarks/device/plans/session12_x1.sh`, then `background.sh wait 565` calls;
+# Use: first call `source device/setup.sh; export KEVIN_SKIP_BUILD=1; SEED=N bash
+# device/background.sh plan device/plans/session12_x1.sh`, then `background.sh wait 565` calls;
 # the last also runs `(cd workdirs/demo && tar czf $OUT/traj_seedN.tgz kl_seedN/trajectories)` (~10 MB) so that the
 # summary can be rerun on the dev box over both leases' runs.
 date +%s > /tmp/kevin_plan_t0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; nproc
-SFT_STEPS=180 LIMIT_S=600 bash benchmarks/device/warm_start_demo.sh sft
-LIMIT_S=$(( $(cat /tmp/kevin_plan_t0) + ${DEADLINE_S:-1330} - $(date +%s) )) RL_STEPS=60 bash benchmarks/device/warm_start_demo.sh rl kl_seed${SEED:-0} ${SEED:-0} --config.reward.baseline=turn_mean --config.rl.kl_coef=0.1
-bash benchmarks/device/warm_start_demo.sh summary
+SFT_STEPS=180 LIMIT_S=600 bash device/warm_start_demo.sh sft
+LIMIT_S=$(( $(cat /tmp/kevin_plan_t0) + ${DEADLINE_S:-1330} - $(date +%s) )) RL_STEPS=60 bash device/warm_start_demo.sh rl kl_seed${SEED:-0} ${SEED:-0} --config.reward.baseline=turn_mean --config.rl.kl_coef=0.1
+bash device/warm_start_demo.sh summary

@@ -2,9 +2,9 @@
 # Runs device stages back to back in a background process session, so that a plan longer than one 10-minute device
 # call runs without a gap between stages; each later call only waits and copies what is there (the machine stays held
 # while a call runs, and a process that started its own session survives the call that started it).
-#   bash benchmarks/device/background.sh start "bash benchmarks/device/stages.sh probe" "python3 x.py" ...
-#   bash benchmarks/device/background.sh plan benchmarks/device/plans/NAME.sh   # the same, a command per line
-#   bash benchmarks/device/background.sh wait 560     # until everything ended or 560 s passed; copies to $OUT
+#   bash device/background.sh start "bash device/stages.sh probe" "python3 x.py" ...
+#   bash device/background.sh plan device/plans/NAME.sh   # the same, a command per line
+#   bash device/background.sh wait 560     # until everything ended or 560 s passed; copies to $OUT
 # Stage k runs with OUT=$BG/k and its stdout+stderr in $BG/k.log; $BG/progress has a line per start and end.
 # Everything under $BG is packed into $OUT/background.tgz at every `wait`, so a machine lost mid-plan loses only the
 # stage in flight (keep big outputs such as checkpoints out of $BG: a file over 16 MiB does not come back).
@@ -41,7 +41,7 @@ case "${1:-}" in
     current=$(ls -t "$BG"/*.log 2>/dev/null | head -1)
     [ -n "$current" ] && { echo "--- tail of $current"; tail -c 2500 "$current"; }
     if [ -f "$BG/jobs/jobs.txt" ]; then
-      echo "--- GPU jobs (benchmarks/device/gpus.sh)"; cat "$BG/jobs/jobs.txt"
+      echo "--- GPU jobs (device/gpus.sh)"; cat "$BG/jobs/jobs.txt"
       for started in "$BG"/jobs/*.started; do
         job=${started%.started}; [ -f "$job.rc" ] || { echo "--- running: $(basename "$job")"; tail -c 600 "$job.log"; }
       done

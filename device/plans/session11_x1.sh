@@ -6,11 +6,11 @@
 # the same step count as these runs reach.
 # Criterion, written in docs/LOG.md before the run (session 9's, unchanged): per seed, mean of the last 3 steps vs
 # step 1, all-kernel correct fraction and mean score each higher by >= 0.05; both seeds.
-# Use (SEED=0 on the first lease, SEED=1 on the second); the first call runs `source benchmarks/device/setup.sh` and
-# exports KEVIN_SKIP_BUILD=1 before `SEED=N bash benchmarks/device/background.sh plan <this file>`. RL stops
+# Use (SEED=0 on the first lease, SEED=1 on the second); the first call runs `source device/setup.sh` and
+# exports KEVIN_SKIP_BUILD=1 before `SEED=N bash device/background.sh plan <this file>`. RL stops
 # DEADLINE_S (1330) after the plan's start, so that the summary is in before the machine's 30 minutes are up.
 date +%s > /tmp/kevin_plan_t0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; nproc
-SFT_STEPS=180 LIMIT_S=600 bash benchmarks/device/warm_start_demo.sh sft
-LIMIT_S=$(( $(cat /tmp/kevin_plan_t0) + ${DEADLINE_S:-1330} - $(date +%s) )) RL_STEPS=60 bash benchmarks/device/warm_start_demo.sh rl turn_mean_seed${SEED:-0} ${SEED:-0} --config.reward.baseline=turn_mean
-bash benchmarks/device/warm_start_demo.sh summary
+SFT_STEPS=180 LIMIT_S=600 bash device/warm_start_demo.sh sft
+LIMIT_S=$(( $(cat /tmp/kevin_plan_t0) + ${DEADLINE_S:-1330} - $(date +%s) )) RL_STEPS=60 bash device/warm_start_demo.sh rl turn_mean_seed${SEED:-0} ${SEED:-0} --config.reward.baseline=turn_mean
+bash device/warm_start_demo.sh summary

@@ -1,15 +1,16 @@
-"""Issue 9's numbers from RL workdirs: per step, mean score, correct fraction, share of fast kernels among correct ones
-(speedup > 1), kernels evaluated, format-ok share, stop reasons and the commonest format errors; a table, a JSON
-file, PNG curves and samples_<run>.txt (the first responses of the first and last step). Then issue 9's criterion,
-fixed before session 10's runs (docs/LOG.md, session 9): per run, all-kernel correct fraction and mean score, mean
-of the last 3 steps against step 1, each higher by >= 0.05; first-turn correct fraction alongside; and how noisy
-that test is (the correct fraction's slope and scatter around its trend, session 11). Last, per turn
-index, correct fraction, format-ok share, mean advantage, the sampled tokens' mean NLL and the share of responses
-with a token drawn from the tail, at step 1 and over the last 3 steps: a turn that gets worse while another gets
-better, a turn whose samples are pushed down on average (docs/LOG.md, session 10), and a turn that un-sharpens
-(session 11).
+"""The one-GPU demo's numbers (configs/warm_start_demo.py) from RL workdirs: per step, mean score, correct fraction,
+share of fast kernels among correct ones (speedup > 1), kernels evaluated, format-ok share, stop reasons and the
+commonest format errors; a table, a JSON file, PNG curves and samples_<run>.txt (the first responses of the first and
+last step). Then the demo's criterion, fixed before the runs it judged (docs/LOG.md, "both multi-turn seeds learn the
+first turn"): per run, all-kernel correct fraction and mean score, mean of the last 3 steps against step 1, each
+higher by >= 0.05; first-turn correct fraction alongside; and how noisy that test is (the correct fraction's slope,
+its standard error and the scatter around the trend). Last, per turn index, correct fraction, format-ok share, mean
+advantage, the sampled tokens' mean NLL and the share of responses with a token drawn from the tail, at step 1 and
+over the last 3 steps: a turn that gets worse while another gets better, a turn whose samples are pushed down on
+average (docs/LOG.md, "Kevin's one baseline for all turns pushes the last turn down"), and a turn that un-sharpens
+(docs/LOG.md, "reward.baseline=turn_mean, both seeds").
 
-    python benchmarks/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
+    python analysis/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
 
 Reads <workdir>/trajectories/step_*.jsonl (Contract 4), so every number is recomputed from the verdicts themselves.

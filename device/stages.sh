@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The device checks and benchmarks, as named stages: build, then the stages asked for, each with its own time limit,
 # its full log written to $OUT before its tail is printed (a pipe into `tail` loses everything when a stage hits its
-# limit: docs/LOG.md 2026-11-21 session 3). Run from the repo root on the GPU machine:
-#   bash benchmarks/device/stages.sh probe tests train             # the default when no stage is named
-#   bash benchmarks/device/stages.sh model_tests env compile        # one call, several stages
+# limit: docs/LOG.md, "evaluator on the H200: a start-up bug found"). Run from the repo root on the GPU machine:
+#   bash device/stages.sh probe tests train             # the default when no stage is named
+#   bash device/stages.sh model_tests env compile        # one call, several stages
 # Stages: probe (worker start-up), tests (evaluator GPU tests), model_tests (policy, sampler and episode GPU tests),
 # env (scripted policy through the environment), compile, repeatability, throughput, sampler, eval (benchmarks/*.py),
 # train (2 RL steps of configs/one_gpu.py). A stage's limit is <STAGE>_S seconds (e.g. SAMPLER_S=400); EVAL_PARTS
@@ -22,12 +22,12 @@ run() {
   return $rc
 }
 stage build
-source benchmarks/device/setup.sh
+source device/setup.sh
 export CUDA_EVAL_RESULTS_DIR=$OUT
 PYTEST="python3 -m pytest -q -m gpu -rfE -p no:cacheprovider --durations=8"
 for s in $STAGES; do
   case "$s" in
-    probe) run probe 170 python3 benchmarks/device/worker_probe.py --timeout 50 || exit 1 ;;
+    probe) run probe 170 python3 device/worker_probe.py --timeout 50 || exit 1 ;;
     tests) run tests 240 $PYTEST --timeout 230 tests/cuda_eval/test_worker_gpu.py tests/cuda_eval/test_hack_corpus.py ;;
     model_tests) run model_tests 300 $PYTEST --timeout 280 tests/kevin_jax/test_model_gpu.py \
                    tests/kevin_jax/test_sampler_gpu.py tests/kevin_jax/test_episode.py ;;

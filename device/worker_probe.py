@@ -1,7 +1,7 @@
 """Start one evaluator worker and one judge on the GPU, sandboxed and not, and say how far each gets (a start-up
 hang's stack).
 
-    python benchmarks/device/worker_probe.py --timeout 60
+    python device/worker_probe.py --timeout 60
 
 Then one honest candidate through the whole Evaluator. Prints every worker's stderr: the start-up milestones.
 """
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cuda_eval"))
 

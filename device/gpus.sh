@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Jobs pinned to one GPU each, for leases of several GPUs: runs of the one-GPU config side by side (each process sees
 # only its GPU through CUDA_VISIBLE_DEVICES; cuda_eval's workers inherit it). Meant for lines of a background plan.
-#   bash benchmarks/device/gpus.sh start NAME GPU "CMD"   # detached; CMD runs with OUT=$JOBS/NAME, log in $JOBS/NAME.log
-#   bash benchmarks/device/gpus.sh wait NAME...           # until each job has written $JOBS/NAME.rc (WAIT_S: 1500)
-#   bash benchmarks/device/gpus.sh kill NAME              # its whole process group; rc 137 so that waits go on
-# Never `pkill -f` a job's command line: the plan runner's own command line holds every plan line (session 5 killed
-# its plan that way).
+#   bash device/gpus.sh start NAME GPU "CMD"   # detached; CMD runs with OUT=$JOBS/NAME, log in $JOBS/NAME.log
+#   bash device/gpus.sh wait NAME...           # until each job has written $JOBS/NAME.rc (WAIT_S: 1500)
+#   bash device/gpus.sh kill NAME              # its whole process group; rc 137 so that waits go on
+# Never `pkill -f` a job's command line: the plan runner's own command line holds every plan line, so it would die too.
 # JOBS defaults to $BG/jobs, so that background.sh packs the jobs' outputs with everything else.
 set -u
 JOBS=${JOBS:-${BG:-/tmp/kevin_bg}/jobs}

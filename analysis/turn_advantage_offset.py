@@ -1,12 +1,13 @@
 """How far each turn's samples sit from Kevin's one all-turn baseline, from RL runs' TensorBoard logs alone (runs
 logged before `rollout/turn{i}/advantage_mean` existed; newer runs log it, and the demo summary prints it).
 
-    python benchmarks/turn_advantage_offset.py $OUT/tensorboard_multi_seed0 $OUT/tensorboard_multi_seed1
+    python analysis/turn_advantage_offset.py $OUT/tensorboard_multi_seed0 $OUT/tensorboard_multi_seed1
 
 With "sum" returns the expected return of turn t is the discounted sum of the later turns' mean scores (linearity),
 so per step: E[R_t] from rollout/turn{t}/mean_score, minus the mean of E[R_t] over turns (every turn has the same
 number of samples), in units of rollout/return_std. An approximation of the logged advantages: the real baseline
-and std are per task, and trajectories cut short change the turn counts (docs/LOG.md, session 10).
+and std are per task, and trajectories cut short change the turn counts (docs/LOG.md,
+"Kevin's one baseline for all turns pushes the last turn down").
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from demo_curves import run_name       # sibling benchmark script (this file's folder is sys.path[0])
+from demo_curves import run_name       # sibling analysis script (this file's folder is sys.path[0])
 from kevin_jax.logs import read_scalars
 from kevin_jax.rl.scores import RewardConfig, discounted_returns
 

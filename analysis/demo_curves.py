@@ -1,7 +1,7 @@
-"""Issue 9's first-turn and per-trajectory curves from RL runs' TensorBoard logs: a table of block means (one block =
-one pass over the task permutation, so that the task mix averages out) and a PNG.
+"""The one-GPU demo's first-turn and per-trajectory curves from RL runs' TensorBoard logs: a table of block means (one
+block = one pass over the task permutation, so that the task mix averages out) and a PNG.
 
-    python benchmarks/demo_curves.py workdirs/demo/multi_seed0/tensorboard ... --block 3 --out docs/img/demo.png
+    python analysis/demo_curves.py workdirs/demo/multi_seed0/tensorboard ... --block 3 --out docs/img/demo.png
 
 Works on the tensorboard dirs that warm_start_demo.sh copies into $OUT (tensorboard_<run>); a run is named by its
 directory (the tensorboard_ prefix dropped, or the parent's name for <workdir>/tensorboard).

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Issue 9's demo on one GPU (configs/warm_start_demo.py), one stage per call; every stage resumes or skips what an
+# The one-GPU demo (configs/warm_start_demo.py), one stage per call; every stage resumes or skips what an
 # earlier call finished, so a stage cut by its time limit is simply called again. Stages can also run back to back in
-# one background plan (benchmarks/device/background.sh).
-#   bash benchmarks/device/warm_start_demo.sh sft                   # SFT on the shipped corpus -> workdirs/demo/sft
-#   bash benchmarks/device/warm_start_demo.sh rl multi_seed0 0      # multi-turn RL from the SFT checkpoint
-#   bash benchmarks/device/warm_start_demo.sh rl multi_seed1 1
-#   bash benchmarks/device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 \
+# one background plan (device/background.sh).
+#   bash device/warm_start_demo.sh sft                   # SFT on the shipped corpus -> workdirs/demo/sft
+#   bash device/warm_start_demo.sh rl multi_seed0 0      # multi-turn RL from the SFT checkpoint
+#   bash device/warm_start_demo.sh rl multi_seed1 1
+#   bash device/warm_start_demo.sh rl single_seed0 0 --config.env.num_turns=1 \
 #        --config.env.num_trajectories=8 --config.reward.aggregation=single_turn    # same 120 kernels per step
-#   bash benchmarks/device/warm_start_demo.sh summary               # table + summary.json + PNG curves in $OUT
-#   bash benchmarks/device/warm_start_demo.sh eval multi_seed0      # launch/eval.py on a run's newest checkpoint
-#   bash benchmarks/device/warm_start_demo.sh eval sft              # ... or on the warm start itself
+#   bash device/warm_start_demo.sh summary               # table + summary.json + PNG curves in $OUT
+#   bash device/warm_start_demo.sh eval multi_seed0      # launch/eval.py on a run's newest checkpoint
+#   bash device/warm_start_demo.sh eval sft              # ... or on the warm start itself
 # Knobs: CONFIG (configs/warm_start_demo.py), RUNS (workdirs/demo: git-ignored, kept between calls on a warm
 # machine), SFT_STEPS and RL_STEPS (default: the config's), LIMIT_S (560: the stage's own time limit, under the
 # call's). Logs go to $OUT before their tail is printed.
@@ -18,7 +18,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RUNS=${RUNS:-workdirs/demo}; mkdir -p "$RUNS"
 LIMIT_S=${LIMIT_S:-560}
 CONFIG=${CONFIG:-configs/warm_start_demo.py}
-source benchmarks/device/setup.sh
+source device/setup.sh
 stage=${1:?stage: sft | rl NAME SEED [overrides...] | summary | eval NAME [overrides...]}; shift
 echo "=== $(date +%T) $stage $*"
 case "$stage" in
@@ -53,6 +53,6 @@ case "$stage" in
     rc=$?; echo "eval $name: rc=$rc after ${SECONDS}s"; tail -c 4000 "$OUT/eval_$name.log"; exit $rc ;;
   summary)
     dirs=$(for d in "$RUNS"/*/; do [ -d "$d/trajectories" ] && echo "${d%/}"; done)
-    python3 benchmarks/warm_start_demo_summary.py $dirs --out "$OUT" ;;
+    python3 analysis/warm_start_demo_summary.py $dirs --out "$OUT" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
