@@ -1,5 +1,5 @@
-# One H100 lease (~45 min held): the judge split on the GPU (issue 22) and timing under load with the fixed gate and
-# a JAX sampler on the same GPU (issue 23).
+# One H100 lease (~45 min held): the judge split on the GPU and timing under load with the fixed gate and
+# a JAX sampler on the same GPU (docs/LOG.md, "the trust boundary").
 # The first call runs `source device/setup.sh` (the native build) before `plan`; .carry/old_main is the
 # evaluator before the judge split (git archive 92350c6), .whl the ml_collections wheel.
 # 1. Throughput, after and before, one after the other on the same machine.

@@ -1,13 +1,11 @@
-# Session 7, nvidia-h200-x4, ~25 min held (start 1.5, build 1, warm start ~7, RL 13.5, summary and slack 2 min).
-# 1. The evaluator's new fork check (cuda_eval/worker.py, JobRunner._gated_trace), on GPUs 1 and 2 while the warm
-#    start runs on GPU 0: the hack corpus (side_stream_cpp/python must be caught by it, every honest candidate must
-#    pass with the gate held) and the worker GPU tests; verdicts as JSON in the job's folder.
-# 2. Issue 9's demo with the warm-start corpus that now also shows refinements after a correct kernel (turns 2-4
-#    keep it; session 6's refinement turns derailed without them). Every training task at every step (15 tasks,
-#    120 kernels: multi 2 trajectories x 4 turns, single 8 x 1), seeds 0 and 1, lr 5e-5 (session 6's) and 2e-5,
-#    two runs per GPU (XLA_PYTHON_CLIENT_MEM_FRACTION 0.4 each; cuda_eval's timing lock is machine-wide per GPU).
-# (Run as written in session 7, when the demo config's lr was 5e-5; that lr is now explicit on its runs.)
-# The first call runs `source device/setup.sh` and exports KEVIN_SKIP_BUILD=1 before `plan`.
+# Learning rate 5e-5 vs 2e-5 in the demo, multi- and single-turn, seeds 0 and 1: eight RL runs from one 220-step warm
+# start, two per GPU (XLA_PYTHON_CLIENT_MEM_FRACTION 0.4 each), 800 s each, every training task at every step (120
+# kernels); the hack corpus and the worker GPU tests run on GPUs 1-2 during the warm start. nvidia-h200-x4, ~25 min.
+# Result (docs/LOG.md, "single-turn RL learns and stays stable at lr 2e-5"): single-turn at 2e-5 goes 0.55-0.65 ->
+# 0.95 correct in 4 steps with flat entropy; at 5e-5 the entropy jumps ~10x after step 3 (the start of a collapse).
+# Run from the repo root, after `source device/setup.sh; export KEVIN_SKIP_BUILD=1` (parallel jobs must not rebuild
+# the extension): `bash device/background.sh plan device/plans/demo_lr_sweep_x4.sh`, then
+# `bash device/background.sh wait 565` until it prints "all done".
 bash device/gpus.sh start hack_corpus 1 'CUDA_EVAL_RESULTS_DIR=$OUT timeout 420 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/cuda_eval/test_hack_corpus.py'
 bash device/gpus.sh start worker_gpu 2 'timeout 420 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/cuda_eval/test_worker_gpu.py tests/cuda_eval/test_gpu_pool_locks.py'
 CUDA_VISIBLE_DEVICES=0 SFT_STEPS=220 LIMIT_S=600 bash device/warm_start_demo.sh sft

@@ -1,12 +1,12 @@
-# Next lease, nvidia-h200-x4, ~27 min held (start 1.5, build 1, warm start ~8, RL 14, summary and slack 2 min):
-# issue 9's multi-turn runs at the demo config's lr 2e-5, one run per GPU (session 7 ran two per GPU and the
-# multi-turn runs reached only 2-5 steps: evaluation ~50 s per round of 30 kernels under that load), against
-# single-turn at the same 120 kernels per step and the same wall clock. configs/warm_start_demo.py's defaults:
-# 15 tasks per step, multi 2 trajectories x 4 turns, warm start 180 steps.
-# While the warm start runs on GPU 0: evaluator throughput on GPU 1 with the fork check (session 7) in place, and
-# what the kernel_trace phase (fork check + pile-up pass) costs per candidate (session 7 did not measure it).
-# (Run as written in session 8, when the demo config's warm start was 180 steps; now explicit here.)
-# The first call runs `source device/setup.sh` and exports KEVIN_SKIP_BUILD=1 before `plan`.
+# Multi-turn vs single-turn RL in the demo at the same 120 kernels per step (lr 2e-5): a 180-step warm start on GPU 0
+# (benchmarks/eval_throughput.py on GPU 1 meanwhile), then four runs, one per GPU, 840 s each: multi-turn (2
+# trajectories x 4 turns) and single-turn (8 x 1) with seeds 0 and 1; then the summary. nvidia-h200-x4, ~27 minutes.
+# Result (docs/LOG.md, "multi-turn RL at lr 2e-5"): single-turn correct 0.62 -> 0.88-0.94 in 15-16 steps, stable;
+# multi-turn reaches 3-7 steps (~2 min each), seed 1 all-kernel correct 0.475 -> 0.683; single-turn improves ~3x
+# faster per minute.
+# Run from the repo root, after `source device/setup.sh; export KEVIN_SKIP_BUILD=1` (parallel jobs must not rebuild
+# the extension): `bash device/background.sh plan device/plans/demo_multi_vs_single_x4.sh`, then
+# `bash device/background.sh wait 565` until it prints "all done".
 bash device/gpus.sh start eval_throughput 1 'timeout 360 python3 benchmarks/eval_throughput.py --baseline-n 0 --compile-workers 8 --out $OUT/eval_throughput.json'
 CUDA_VISIBLE_DEVICES=0 SFT_STEPS=180 LIMIT_S=600 bash device/warm_start_demo.sh sft
 WAIT_S=30 bash device/gpus.sh wait eval_throughput
