@@ -23,7 +23,7 @@ import subprocess
 import time
 from typing import Any, Sequence
 
-from cuda_eval import checks, feedback
+from cuda_eval import checks, feedback, profiles
 from cuda_eval.candidate import extract_code  # re-exported: env.parse uses the same extraction
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
 
@@ -35,6 +35,8 @@ __all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "
 @dataclasses.dataclass
 class EvalConfig:
     """Evaluator settings (the `eval` config section has exactly these field names)."""
+    profile: str = "kevin"              # "kevin" | "kernelbench" | "strict": a named set of the fields below
+                                        # (cuda_eval/profiles.py; docs/EVALUATOR.md, "Profiles")
     mode: str = "auto"                  # "full" (compile + run), "compile_only" (no GPU: nvcc only), "auto"
     device_type: str = "cuda"           # "cuda", or "cpu": C++ (with_cuda=False) candidates on CPU tensors (tests)
     devices: Any = "all"                # GPU indices: "all", "0,1", [0, 1] or 0
@@ -91,8 +93,10 @@ class EvalConfig:
     share_identical: bool = True
 
     def __post_init__(self):
+        profiles.apply(self, {f.name: f.default for f in dataclasses.fields(self)
+                              if f.default is not dataclasses.MISSING})
         checks_ok = {"mode": ("auto", "full", "compile_only"), "device_type": ("cuda", "cpu"),
-                     "static_policy": ("auto", "kevin", "cpu", "off"),
+                     "static_policy": ("auto", "kevin", "cpu", "kernelbench", "off"),
                      "timing_method": ("gated", "device_sync", "kernelbench")}
         for name, allowed in checks_ok.items():
             if getattr(self, name) not in allowed:
@@ -139,7 +143,8 @@ class EvalResult:
     timing: dict | None = None
     ref_timing: dict | None = None
     speedup: float | None = None
-    hack_flags: list = dataclasses.field(default_factory=list)
+    hack_flags: list = dataclasses.field(default_factory=list)       # each zeroes the score
+    advisory_flags: list = dataclasses.field(default_factory=list)   # reported only (profiles other than kevin)
     stage_times: dict = dataclasses.field(default_factory=dict)
     feedback: str = ""
     meta: dict = dataclasses.field(default_factory=dict)
@@ -379,7 +384,8 @@ class Evaluator:
         result.format_ok, result.code = True, extraction.code
         state.static_flags = [f.to_dict() for f in checks.static_check(extraction.code, self.static_policy)]
         result.hack_flags = list(state.static_flags)
-        if state.static_flags and self.config.skip_run_on_static_flags:
+        if profiles.split_flags(state.static_flags, self.config.profile)[0] and \
+                self.config.skip_run_on_static_flags:
             return self._finish(state)
         state.compile_submitted = time.monotonic()
         try:
@@ -549,6 +555,9 @@ class Evaluator:
         r.stage_times.setdefault("compile", 0.0)
         r.stage_times.setdefault("run", 0.0)
         r.stage_times["total"] = time.monotonic() - state.started
+        r.meta["profile"] = self.config.profile
+        r.hack_flags, advisory = profiles.split_flags(r.hack_flags, self.config.profile)
+        r.advisory_flags = r.advisory_flags + advisory
         r.feedback = feedback.render(r, self.config.max_feedback_chars)
         if not state.future.done():
             state.future.set_result(r)

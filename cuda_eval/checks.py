@@ -42,6 +42,7 @@ FLAG_CODES: dict[str, str] = {
     "reference_model": "uses or subclasses the reference Model",
     "monkeypatch": "replaces torch/time/builtin functions",
     "thread": "starts threads (Python threading or C++ threads)",
+    "pass_statement": "a `pass` statement (KernelBench's inheritance-bypass rule; the kernelbench profile only)",
     "native_escape": "reaches the dynamic loader, threads, processes or raw syscalls natively (dlsym/dlopen, "
                      "pthread_create, clone, fork/exec, system/popen, syscall, ctypes), around the other checks",
     # dynamic (worker.py)
@@ -122,6 +123,7 @@ _CPP_COMMENT_OR_LITERAL = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*
 _NATIVE_PY_MODULES = ("ctypes", "_ctypes", "cffi", "subprocess", "_posixsubprocess", "pty")
 _NATIVE_PY_CALLS = re.compile(r"^(os|posix)\.(fork|forkpty|vfork|system|popen|exec\w*|spawn\w*|posix_spawn\w*)$")
 _GLOBAL_PATTERN = re.compile(r"\b__global__\b")
+_PASS_WORD = re.compile(r"\bpass\b")
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
 _KERNEL_NAME = re.compile(r"\b__global__\b[^;{}()]*?\b([A-Za-z_]\w*)\s*(?:<[^;{}()]*>)?\s*\(")
 
@@ -137,17 +139,21 @@ class StaticPolicy:
     forbid_monkeypatch: bool = True        # no assignment to attributes of torch/time/builtins/... or sys.modules
     forbid_threads: bool = True            # no threading/multiprocessing/asyncio imports, no C++ threads
     forbid_native_escape: bool = True      # no dlsym/pthread_create/clone/fork/exec/system/syscall, ctypes, os.fork
+    forbid_pass: bool = False              # KernelBench's rule: no `pass` (a ModelNew(Model): pass bypass)
 
     @classmethod
     def named(cls, name: str) -> "StaticPolicy":
-        """'kevin' (default), 'cpu' (Kevin's without the __global__ rule: CPU-mode C++ candidates), 'off'."""
+        """'kevin' (default), 'cpu' (Kevin's without the __global__ rule: CPU-mode C++ candidates), 'kernelbench'
+        (Kevin's plus KernelBench's `pass` rule: profiles.py decides which flags reject), 'off'."""
         if name == "kevin":
             return cls()
+        if name == "kernelbench":
+            return cls(forbid_pass=True)
         if name == "cpu":
             return cls(require_cuda_kernel=False)
         if name == "off":
             return cls(**{f.name: False for f in dataclasses.fields(cls)})
-        raise ValueError(f"unknown static policy {name!r}: expected 'kevin', 'cpu' or 'off'")
+        raise ValueError(f"unknown static policy {name!r}: expected 'kevin', 'cpu', 'kernelbench' or 'off'")
 
 
 def cuda_kernel_names(sources: Iterable[str]) -> list[str]:
@@ -168,14 +174,15 @@ def static_check(code: str, policy: StaticPolicy | None = None) -> list[HackFlag
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     try:
-        return _Checker(tree, policy).run()
+        return _Checker(tree, policy, code).run()
     except RecursionError:  # absurdly nested code: reject rather than crash the evaluator
         return [HackFlag("torch_in_forward", "program too deeply nested to analyse")]
 
 
 class _Checker:
-    def __init__(self, tree: ast.Module, policy: StaticPolicy):
+    def __init__(self, tree: ast.Module, policy: StaticPolicy, source: str = ""):
         self.tree = tree
+        self.source = source
         self.policy = policy
         self.flags: list[HackFlag] = []
         self.aliases = _import_aliases(tree)  # local name -> dotted module/object path
@@ -199,6 +206,8 @@ class _Checker:
                 if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and node.handlers:
                     self.flag("try_except", f"try/except at line {node.lineno}: fallbacks are not allowed")
                     break
+        if p.forbid_pass:
+            self._check_pass()
         if p.forbid_reference_model:
             self._check_reference_model()
         if p.forbid_monkeypatch:
@@ -212,6 +221,16 @@ class _Checker:
         return self.flags
 
     # --- rules ---------------------------------------------------------------------------------------------------
+    def _check_pass(self) -> None:
+        # As KernelBench's checker reads it: the word `pass` anywhere outside `#` and `//` comments, source strings
+        # included, so that its verdicts are reproduced exactly (a `pass` is how `class ModelNew(Model): pass`
+        # inherits the reference).
+        for lineno, line in enumerate(self.source.split("\n"), 1):
+            code = line.split("#", 1)[0].split("//", 1)[0]
+            if _PASS_WORD.search(code):
+                self.flag("pass_statement", f"`pass` at line {lineno} (KernelBench rejects it: inheritance bypass)")
+                return
+
     def _calls_load_inline(self) -> bool:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Call):

@@ -76,4 +76,8 @@ def render(result: Any, max_chars: int = 3000) -> str:
             text += " Try to make it even faster."
     else:
         text += "."
+    advisory = getattr(r, "advisory_flags", None)
+    if advisory:
+        text += ("\nAccepted under this evaluation's rules, but Kevin's training rules would reject it for:\n"
+                 + _flags_text(advisory))
     return _trim(text, max_chars)
