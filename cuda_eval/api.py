@@ -342,6 +342,41 @@ class Evaluator:
             futures.append(future)
         return futures
 
+    def check_references(self, tasks: Sequence[tuple[str, str]]) -> list[concurrent.futures.Future]:
+        """The reference path alone, for (task_id, task_source) pairs: the judge loads the task, builds its inputs,
+        runs and times the reference (no candidate). Each future gives an EvalResult with `ref_timing`, or the task's
+        failure in `runtime_error` with meta.reference_error (and meta.reference_oom when the card is too small);
+        meta.reference_peak_bytes is the judge's peak device memory. Measured times enter the reference cache."""
+        if self._closed:
+            raise RuntimeError("Evaluator is closed")
+        if self.mode != "full":
+            raise RuntimeError("check_references needs mode='full' (a device to run the references on)")
+        futures = []
+        for task_id, source in tasks:
+            request = EvalRequest(task_id=task_id, task_source=source, response="", request_id=f"reference:{task_id}")
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            result = EvalResult(request_id=request.request_id, task_id=task_id, mode=self.mode, format_ok=True)
+            state = _State(request, future, time.monotonic(), result, task_hash=task_hash(source))
+            payload = self._payload(state, [], [], kind="reference")
+            job = self.gpu_pool.submit(payload, self.config.run_timeout_s)
+            job.add_done_callback(lambda f, s=state: self._guard(s, self._on_reference, f))
+            futures.append(future)
+        return futures
+
+    def _on_reference(self, state: _State, job: concurrent.futures.Future) -> None:
+        r = state.result
+        w = self._apply_outcome(state, job.result())
+        r.correct = None   # nothing was judged but the task itself
+        if w is not None:
+            r.runtime_error = w.get("runtime_error")
+            r.ref_timing = w.get("ref_timing")
+            r.meta.update({k: v for k, v in (w.get("meta") or {}).items()
+                           if k not in ("pid", "python", "total_memory")})
+            if w.get("ref_timing_measured") and r.ref_timing and w.get("ref_timing_key"):
+                self.ref_cache.store(state.task_hash, w["ref_timing_key"], r.ref_timing)
+        if not state.future.done():
+            self._finish(state)
+
     def evaluate(self, requests: Sequence[EvalRequest], progress_every_s: float = 30.0) -> list[EvalResult]:
         """Verdicts in request order. A batch of cold compiles can take minutes: a line every `progress_every_s`
         says how many verdicts are in, so that a long evaluation is not mistaken for a hang."""

@@ -151,6 +151,7 @@ class Job:
             self.correct = None
             self.runtime_error = f"the reference program failed (task error, not the candidate's): {e}"
             self.meta["reference_error"] = True
+            self.meta["reference_oom"] = any(s in str(e).lower() for s in ("out of memory", "can't allocate memory"))
             self._finish_quietly()
         except WorkerLost as e:
             self.correct = False
@@ -170,6 +171,8 @@ class Job:
             pass
 
     def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         self.phase("load_task")
         try:
             self.task = load_task(self.payload["task_source"])
@@ -182,7 +185,7 @@ class Job:
             raise ReferenceError_(format_exception(e, "loading the reference"))
 
         self.phase("reference_warmup")
-        warm_inputs = make_inputs(self.task, self.device, self.seed - 1)
+        warm_inputs = self.inputs(self.seed - 1)
         guard = map_tree(warm_inputs, lambda t: t.clone())
         warm_out = self.reference(warm_inputs, self.seed)
         try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
@@ -209,6 +212,11 @@ class Job:
         # Before any candidate code exists: the reference's time cannot be disturbed by it.
         self.phase("reference_timing")
         self.time_reference(use_cache=self.kind == "evaluate")
+        if self.device.type == "cuda":
+            self.meta["reference_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        if self.kind == "reference":   # the reference path alone (Evaluator.check_references): no candidate
+            self.correct = None
+            return
 
         self.phase("import_candidate")
         # The worker's outputs come back through shared memory of a size fixed here (wire.SharedBuffer).
@@ -250,6 +258,13 @@ class Job:
             self.phase("ref_compile")
             self.meta["ref_compile_timing"] = self._time_compiled_reference()
 
+    def inputs(self, seed: int):
+        """The task's get_inputs() under `seed` on our device: its failure (an exception, no memory) is the task's."""
+        try:
+            return make_inputs(self.task, self.device, seed)
+        except Exception as e:
+            raise ReferenceError_(format_exception(e, "get_inputs()"))
+
     def reference(self, inputs, seed: int):
         set_seed(seed)
         try:
@@ -277,7 +292,7 @@ class Job:
             self.phase("correctness", trial=t)
             seed_t = trial_seed(self.seed, t)
             self.send("trial", t=t, seed=seed_t)
-            out_r = self.reference(make_inputs(self.task, self.device, seed_t), seed_t + 7)
+            out_r = self.reference(self.inputs(seed_t), seed_t + 7)
             reply, blobs = self.recv("output", max_blobs=self.max_output_bytes())
             if reply.get("not_plain"):
                 what = str(reply["not_plain"])[:200]
@@ -311,7 +326,7 @@ class Job:
     def timing_sets(self) -> int:
         if self.timing_config.method == "kernelbench":
             return 1  # KernelBench times one input set
-        per_set = max(1, tree_nbytes(make_inputs(self.task, self.device, self.seed + TIMING_SEED)))
+        per_set = max(1, tree_nbytes(self.inputs(self.seed + TIMING_SEED)))
         budget = int(self.cfg.get("timing_inputs_max_bytes", 4 << 30))
         return max(1, min(int(self.cfg.get("timing_input_sets", 4)), budget // per_set))
 
@@ -326,7 +341,7 @@ class Job:
         cached = (self.payload.get("ref_timing_cache") or {}).get(self.ref_timing_key) if use_cache else None
         if cached is not None and not isinstance(channel.finite((cached or {}).get("median_ms")), float):
             cached = None
-        sets = [make_inputs(self.task, self.device, self.seed + TIMING_SEED + i) for i in range(n_sets)]
+        sets = [self.inputs(self.seed + TIMING_SEED + i) for i in range(n_sets)]
         call = lambda i: self.ref_model(*sets[i])  # noqa: E731
         waited = _monotonic()
         try:
@@ -403,7 +418,7 @@ class Job:
             return
         out_c = self.receive_output(reply, blobs)
         last_set = (warmup + reps - 1) % n_sets
-        out_r = self.reference(make_inputs(self.task, self.device, self.timing_seed + last_set), self.seed)
+        out_r = self.reference(self.inputs(self.timing_seed + last_set), self.seed)
         result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
         self.meta["timed_output_check"] = "passed" if result["passed"] else "failed"
         if not result["passed"]:
@@ -443,7 +458,7 @@ class Job:
             self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
             return
         out_c = self.receive_output(reply, blobs)
-        out_r = self.reference(make_inputs(self.task, self.device, self.seed + FRESH_SEED), self.seed + 11)
+        out_r = self.reference(self.inputs(self.seed + FRESH_SEED), self.seed + 11)
         result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
         if not result["passed"]:
             self.flag("cached_output", "after the inputs were overwritten in place (same addresses), the output "
@@ -451,7 +466,7 @@ class Job:
 
     def _time_compiled_reference(self) -> dict | None:
         """torch.compile(reference) on the timing inputs, with the same timing settings."""
-        sets = [make_inputs(self.task, self.device, self.seed + TIMING_SEED + i) for i in range(self.n_sets)]
+        sets = [self.inputs(self.seed + TIMING_SEED + i) for i in range(self.n_sets)]
         try:
             compiled = torch.compile(self.ref_model)
             for s in sets:           # compiles (CPU-bound, minutes at worst) outside the GPU's timing lock
