@@ -7,17 +7,18 @@ batch (PPO-clip with clip-higher 0.2 / 0.28, Dr. GRPO constant-length normalisat
 after 3% warm-up, gradients clipped to global norm 0.05; responses up to 16k tokens, 22k from step 30;
 temperature 0.9.
 
-Command (one 8-GPU H100/H200 node; JAX and cuda_eval share the GPUs, JAX capped at 85% of each):
+Command (one node of 8 H200s; JAX and cuda_eval share the GPUs, JAX capped at 85% of each):
   python launch/train.py --config=configs/kevin32b.py --workdir=/ckpt/kevin32b \\
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
-(without tasks.kernelbench_dir / tasks.parquet the built-in task set is used instead of KernelBench).
+(or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). 8 H100s lack the memory:
+the train step's plan at 16k tokens per sequence needs 88 GB per GPU (docs/LOG.md, "MFU after the remat/log-prob
+fixes").
 
-What to expect: a console line per step with the score, correctness, and the time of sampling (the bulk: 128
-trajectories x 4 turns of up to 16k tokens), evaluation and update; TensorBoard under <workdir>/tensorboard with
-rollout/turn{0..3}/correct_rate and mean_speedup, rollout/not_okay_ratio (should stay near 0: a rise is Kevin's early
-sign of collapse), update0/logprob_mismatch_abs (sampler vs trainer, should stay small) and perf/mfu_*. Correctness
-and speedup should rise over the first tens of steps, later turns above earlier ones. Held-out evaluation every 10
-steps. Kill it at any point and re-run the same command to resume.
+What to expect: not measured yet (never run at this scale): wall time, correctness and speedup curves. A console line
+per step (score, correctness, sampling / evaluation / update time); in TensorBoard watch rollout/turn{0..3}/
+correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier ones),
+rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs (small).
+Held-out evaluation every 10 steps. Kill it at any point and re-run the same command to resume.
 """
 from configs import common
 

@@ -1,26 +1,20 @@
-"""One GPU, nothing to download: a Qwen2.5-0.5B-shaped policy with the built-in tokenizer on the built-in tasks.
+"""One GPU, nothing to download: a Qwen2.5-0.5B-shaped policy with the built-in tokenizer on the 17 built-in tasks.
 
-The randomly initialised policy is first taught the answer format by a short supervised warm start on the shipped
-warm-start corpus (warm_start.corpus="builtin": correct, wrong and non-compiling answers per built-in task, plus
-refinement turns after compile-error / wrong-output feedback), so that from step 1 it writes a mix of good and bad
-CUDA kernels that cuda_eval compiles, runs, checks and times on the same GPU (JAX capped at 50% of the GPU's memory,
-the rest for cuda_eval's workers). Per step: 4 tasks x 8 trajectories x 4 turns, 2 updates.
+A 400-step supervised warm start on the shipped corpus (warm_start.corpus="builtin": correct, wrong and
+non-compiling answers, and refinement turns) teaches the random policy the answer format; then 10 RL steps of 4 tasks
+x 8 trajectories x 4 turns, 2 updates each, every kernel compiled, checked and timed by cuda_eval on the same GPU
+(JAX capped at 50% of its memory, the rest for cuda_eval's workers).
 
-Command (the README's main command):
+Command (the README's main command; one H100 or H200):
   python launch/train.py --config=configs/one_gpu.py --workdir=/tmp/kevin_one_gpu
 
-What to expect (measured on an H200, 2026-11-21, docs/LOG.md): start-up and the warm start's compile ~10 s, then
-~1.3 s per warm-start step with the answer NLL falling from 12.0 (0.72 after 150 steps, which proved too few: 9-25%
-of first answers had a code block and none compiled into a correct kernel, so every advantage was zero; hence 400
-steps here; with the corpus (90 training examples, mean 2.3k tokens, longest 6k) a step packs longer rows: measured
-3.6 s per step on an H200, NLL 12.0 -> 0.53 after 80 steps, so the 400 steps take ~24 min before the first RL step;
-docs/LOG.md, session 5; measured before session 9's fix, since which the warm start uses cuDNN flash attention
-as the update does: faster, not yet re-measured). To warm-start once and start several RL runs from it, run
-launch/sft.py with this config and pass its output as --config.model.hf_checkpoint (README, "Warm start / SFT");
-configs/warm_start_demo.py does the same with an 80M policy.
-Then one line per step, "step k/10: score ..., correct ..., sampling ~20-45 s, evaluation ..., update ...,
-MFU update ..%"; the first step is slower by JAX compiles and cold nvcc builds (~10 s per
-distinct kernel on 16 cores, cached afterwards). TensorBoard: <workdir>/tensorboard (~90 scalars per step).
+What to expect on one H100 (docs/LOG.md, "configs/one_gpu.py on one H100"): the warm start takes 4.7 minutes
+(0.67 s/step; "warm_start step k/400: answer NLL ..." lines), then per RL step a "round r: ..., generate ..s,
+evaluate ..s, .. correct" line per turn (the first: generate 33.9 s, evaluate 138.9 s, with cold JAX compiles and
+nvcc builds) and "step k/10: score ..., correct ..., sampling ..s, evaluation ..s, update ..s, MFU update ..%". A
+whole step and the whole run: not measured yet. 150 warm-start steps were too few: no correct kernel, every advantage
+zero (docs/LOG.md, "a start-up bug found and fixed"). To warm-start once for several RL runs, run launch/sft.py with
+this config (README, "Warm start once, several RL runs").
 """
 from configs import common
 

@@ -2,12 +2,12 @@
 
 64 trajectories per task keep the 64 samples per task of the multi-turn run (16 trajectories x 4 turns).
 
-Command:
+Command (one node of 8 H200s, as configs/kevin32b.py):
   python launch/train.py --config=configs/single_turn.py --workdir=/ckpt/kevin32b_single \\
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
 
-What to expect: as kevin32b but only rollout/turn0/*; Kevin reports single-turn training improving correctness less
-and plateauing lower than multi-turn at the same number of samples.
+What to expect: not measured yet at this scale; only rollout/turn0/*. Kevin reports single-turn training improving
+correctness less and plateauing lower than multi-turn at the same number of samples.
 """
 from configs import common  # noqa: F401  (the repo root on sys.path, as for every config)
 from configs import kevin32b

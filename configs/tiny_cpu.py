@@ -1,16 +1,16 @@
-"""The whole RL loop on a CPU in a few minutes (CI): a tiny random policy, compile-only verdicts.
+"""The whole RL loop on a CPU (CI): a tiny random policy, compile-only verdicts.
 
 No GPU is needed: cuda_eval compiles every kernel with nvcc but runs nothing ("compile_only"), so a kernel's score is
 rl.compile_only_score if it compiled, and every metric is tagged compile_only/. A supervised warm start on one
 built-in solution (LeakyReLU, for every prompt) first teaches the 2-layer policy to write that kernel, so the
-sampled answers are near-copies of it: some compile, some do not, and the advantages are not all zero.
+sampled answers are near-copies of it: some compile, some do not, and the advantages are not all zero. Then 3 steps
+of 2 tasks x 2 trajectories x 2 turns.
 
-Command:
+Command (any CPU; nvcc on PATH):
   python launch/train.py --config=configs/tiny_cpu.py --workdir=/tmp/kevin_tiny
 
-What to expect (2-core CPU): warm start ~1 min (answer NLL from ~9 to < 0.1), then 3 steps of 2 tasks x 2
-trajectories x 2 turns, each logging "[compile-only] step k/3: score ..., compiled ..." with sampling a few seconds,
-evaluation ~10-60 s (nvcc; cached kernels are instant) and update a few seconds. Kill it and re-run: it resumes.
+What to expect: "warm_start step k/160: answer NLL ..." lines, then "[compile-only] step k/3: score ..., compiled ..."
+lines; kill it and re-run the same command: it resumes. Wall time on a 2-core CPU: not measured yet.
 """
 from configs import common
 
