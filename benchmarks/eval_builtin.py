@@ -62,7 +62,7 @@ def launch(args: list[str], log_path: Path, timeout_s: float) -> float:
 
 def check_reference(out: Path, torch_compile: bool = False) -> list[str]:
     """Every built-in solution judged as expected (wrong = incorrect, correct = correct and clean); with
-    `torch_compile`, every correct one also has a torch.compile timing (session 5: part B flagged every honest kernel
+    `torch_compile`, every correct one also has a torch.compile timing (part B once flagged every honest kernel
     and the script still exited 0, because part B went unchecked)."""
     problems = []
     for line in (out / "trajectories.jsonl").read_text().splitlines():

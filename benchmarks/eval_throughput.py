@@ -13,7 +13,7 @@ answers them). The build cache is fresh (a temp dir), so every distinct program 
   extensions with torch's own load_inline (ninja, its own fresh build dir), checks 5 correctness trials and times 100
   runs with CUDA events; candidates one at a time. Because it costs ~30 s per candidate it runs on a subset
   (--baseline-n) and is extrapolated to candidates/hour: say so when quoting it.
-Target (issue 3): >= 800 candidates/hour and >= 8x the baseline.
+Target: >= 800 candidates/hour and >= 8x the baseline.
 """
 from __future__ import annotations
 
@@ -209,8 +209,8 @@ def main():
     p.add_argument("--out", required=True, help="JSON result file")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--compile-workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--spares", type=int, default=0, help="spare workers per GPU (0 = auto; 2 was the default "
-                   "before session 5)")
+    p.add_argument("--spares", type=int, default=0, help="spare workers per GPU (0 = auto; 2 was the old "
+                   "default)")
     p.add_argument("--baseline-n", type=int, default=3, help="candidates run the KernelBench way (0 = skip)")
     args = p.parse_args()
     mix = the_mix()
@@ -220,9 +220,9 @@ def main():
     base = None
     if args.baseline_n and not shutil.which("ninja"):
         # torch's load_inline needs ninja: without it the KernelBench way cannot run here at all. Compare with the
-        # anchor measured on this H200 (issue 3: ~35 s per candidate in KernelBench's serial mode), labelled so.
+        # anchor measured on an H200 (~35 s per candidate in KernelBench's serial mode), labelled so.
         base = {"n": 0, "mean_s": 35.0, "per_hour": 3600 / 35.0, "rows": [], "extrapolated": True,
-                "note": "ninja not installed: baseline NOT measured, issue-3 anchor (35 s/candidate) used"}
+                "note": "ninja not installed: baseline NOT measured, H200 anchor (35 s/candidate) used"}
         print("baseline: " + base["note"], flush=True)
     elif args.baseline_n:
         names = ["honest/relu_basic", "bad/wrong_values", "honest/softmax_rowwise", "bad/compile_error"]

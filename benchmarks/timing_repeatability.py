@@ -3,7 +3,7 @@ too, no reference cache), with the evaluator's own protocol.
 
     python benchmarks/timing_repeatability.py --out $OUT/timing_repeatability.json      # ~2 min on an H200
 
-Target (issue 3): max/min of the 5 medians <= 1.03 for every kernel whose median is >= 0.1 ms. Printed per kernel:
+Target: max/min of the 5 medians <= 1.03 for every kernel whose median is >= 0.1 ms. Printed per kernel:
 the 5 medians, max/min, and the within-run spread (std/median) for context.
 """
 from __future__ import annotations

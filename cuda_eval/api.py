@@ -5,7 +5,7 @@
         futures = ev.submit(requests)         # concurrent.futures, one per request
 
 Pipeline per request: extract the program from the response (candidate.extract_code) -> static policy (checks.py)
--> compile pool (part 1: CPU workers, cached builds) -> GPU pool (pre-started workers, one candidate per GPU at a
+-> compile pool (CPU workers, cached builds) -> GPU pool (pre-started workers, one candidate per GPU at a
 time) -> [re-timing in a fresh process when the speedup is suspiciously large] -> EvalResult + feedback. Compiles
 and GPU runs overlap: whenever a compile finishes its run is queued, so GPUs never wait for nvcc while work is
 queued. Importing this module does not import torch (the trainer runs JAX in-process).
@@ -42,7 +42,7 @@ class EvalConfig:
     devices: Any = "all"                # GPU indices: "all", "0,1", [0, 1] or 0
     cpu_workers: int = 1                # parallel candidates in CPU mode
     cpu_threads: int = 1                # torch threads of a CPU-mode worker
-    # compilation (part 1)
+    # compilation (compile_pool.py)
     compile_workers: int = 0            # 0 = one per CPU core
     arch: str = "auto"                  # "auto" (the GPU in use; sm_90 without one) or e.g. "sm_90"
     cache_dir: str = ""                 # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache (sandbox-readable)

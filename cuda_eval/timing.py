@@ -125,7 +125,7 @@ class TorchEventTimer:
 
 
 class NativeTimer:
-    """cuda_eval._native.CudaTimer (part 1): events recorded from C++ around fn, GIL released while waiting."""
+    """cuda_eval._native.CudaTimer: events recorded from C++ around fn, GIL released while waiting."""
     name = "native_cuda_timer"
 
     def __init__(self, native):
