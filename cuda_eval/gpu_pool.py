@@ -109,8 +109,8 @@ def default_spawn(argv: list[str], workdir: str, limits: Any, env: dict[str, str
     """Start a process through the native sandbox (cuda_eval.sandbox, part 1). It dies with its slot thread: the
     job's timeout is enforced by that thread, so a worker whose evaluator was killed (a run cut by `timeout`) would
     otherwise keep going unwatched, e.g. a hung kernel spinning on the GPU for hours under the next run's timings
-    (docs/LOG.md, "multi-turn demo on 4 GPUs"). Safe because the slot thread starts, waits for and discards its own
-    processes."""
+    (docs/LOG.md, "an orphaned evaluator worker found and fixed"). Safe because the slot thread starts, waits for and
+    discards its own processes."""
     from cuda_eval import sandbox
     return sandbox.spawn_sandboxed(argv, workdir, limits, extra_env=env, die_with_parent_thread=True,
                                    pass_fds=tuple(pass_fds))
