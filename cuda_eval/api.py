@@ -365,7 +365,18 @@ class Evaluator:
 
     def _on_reference(self, state: _State, job: concurrent.futures.Future) -> None:
         r = state.result
-        w = self._apply_outcome(state, job.result())
+        outcome = job.result()
+        if outcome.judge_failed:
+            # Only the task's own code ran in the judge: a judge that never answered was held by the reference
+            # (a forward slower than the timeout, or a hang). A task-level verdict; the judge is restarted.
+            r.stage_times["run"] = outcome.wall_s
+            r.runtime_error = ("the reference program did not finish within the run timeout "
+                               f"({self.config.run_timeout_s:.0f} s + margin): "
+                               + _useful_stderr(outcome.stderr_tail, startup=False)[-600:])
+            r.meta.update(reference_error=True, reference_timeout=True)
+            self._finish(state)
+            return
+        w = self._apply_outcome(state, outcome)
         r.correct = None   # nothing was judged but the task itself
         if w is not None:
             r.runtime_error = w.get("runtime_error")

@@ -142,22 +142,32 @@ def test_the_attacks_on_the_judge_get_their_verdicts(cpu_results):
     assert all(c["wall_s"] <= c["bound_s"] for c in honest.meta["timing_check"])
 
 
-def test_references_alone_give_a_verdict_per_task(compile_pool, tmp_path):  # noqa: F811
+def test_references_alone_give_a_verdict_per_task(compile_pool, tmp_path, monkeypatch):  # noqa: F811
     """Evaluator.check_references runs only the judge's reference path (the KernelBench task sweep): a good task is
-    timed (and cached), a task whose code raises and one too large for the memory limit each get a task-level
-    verdict (meta.reference_error; reference_oom for the second), never an internal error, and the slot goes on."""
+    timed (and cached); a task whose code raises, one too large for the memory limit and one whose forward never
+    returns each get a task-level verdict (meta.reference_error; reference_oom, reference_timeout), never an
+    internal error, and the slot goes on."""
+    from cuda_eval import gpu_pool
     from cuda_eval.ref_timing import task_hash
+    monkeypatch.setattr(gpu_pool, "JUDGE_MARGIN_S", 2.0)
     good = BY_NAME["honest_relu"].task_source
     raising = good.replace("def get_inputs():", "def get_inputs():\n    raise ValueError('no inputs today')")
     too_big = good.replace("def get_inputs():", "def get_inputs():\n    return [torch.empty(1 << 34)]\n\n\n"
                                                 "def unused_get_inputs():")
-    assert raising != good and too_big != good and "import torch" in good
-    with Evaluator(cpu_config(ref_timing_cache_dir=str(tmp_path / "ref")), compile_pool=compile_pool) as ev:
-        futures = ev.check_references([("good", good), ("raising", raising), ("too_big", too_big), ("again", good)])
-        ok, bad, big, again = [f.result(timeout=300) for f in futures]
+    hangs = good.replace("    def forward(self, x: torch.Tensor) -> torch.Tensor:",
+                         "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        import time\n"
+                         "        time.sleep(3600)")
+    assert len({good, raising, too_big, hangs}) == 4 and "import torch" in good
+    with Evaluator(cpu_config(ref_timing_cache_dir=str(tmp_path / "ref"), run_timeout_s=8),
+                   compile_pool=compile_pool) as ev:
+        futures = ev.check_references([("good", good), ("raising", raising), ("too_big", too_big), ("hangs", hangs),
+                                       ("again", good)])
+        ok, bad, big, hung, again = [f.result(timeout=300) for f in futures]
+        assert hung.meta.get("reference_error") and hung.meta.get("reference_timeout"), hung.runtime_error
+        assert "did not finish within the run timeout" in hung.runtime_error
         assert ok.ref_timing["median_ms"] > 0 and ok.runtime_error is None and ok.correct is None
         assert ok.meta["profile"] == "kevin" and ev.ref_cache.entries(task_hash(good))
         assert bad.meta.get("reference_error") and "no inputs today" in bad.runtime_error and not bad.ref_timing
         assert big.meta.get("reference_error") and big.meta.get("reference_oom"), big.runtime_error
         assert again.ref_timing["median_ms"] > 0
-        assert not any("internal" in (r.runtime_error or "") for r in (ok, bad, big, again))
+        assert not any("internal" in (r.runtime_error or "") for r in (ok, bad, big, hung, again))
