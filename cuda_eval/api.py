@@ -13,6 +13,7 @@ queued. Importing this module does not import torch (the trainer runs JAX in-pro
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import json
@@ -341,6 +342,14 @@ class Evaluator:
                 first[key] = (future, request.request_id)
             futures.append(future)
         return futures
+
+    def device_share(self, gpu: int):
+        """A context manager for work of the caller's own on GPU `gpu` (an index of this evaluator's devices), held
+        around each device call of it (gpu_pool.DeviceShare): the evaluator's timed regions and that work never
+        overlap. A no-op when this evaluator runs nothing on a GPU."""
+        if self.gpu_pool is None or self.config.device_type != "cuda":
+            return contextlib.nullcontext()
+        return self.gpu_pool.share(str(gpu))
 
     def check_references(self, tasks: Sequence[tuple[str, str]]) -> list[concurrent.futures.Future]:
         """The reference path alone, for (task_id, task_source) pairs: the judge loads the task, builds its inputs,

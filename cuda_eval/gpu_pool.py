@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import fcntl
 import itertools
 import os
 import queue
@@ -197,22 +198,28 @@ class GpuPool:
         env.update(cfg.extra_env)
         return env
 
-    def _spawn_with_socket(self, module: str, device: str, workdir: str, extra_args: list[str]):
+    def _spawn_with_socket(self, module: str, device: str, workdir: str, extra_args: list[str],
+                           intent: bool = False):
         cfg = self.config
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         lock = self._open_lock(device)
+        fds = [theirs.fileno(), lock]
         argv = [cfg.python, "-m", module, "--device-type", cfg.device_type, "--cpu-threads", str(cfg.cpu_threads),
                 "--channel-fd", "3", "--device-lock-fd", "4", *extra_args]
+        if intent:   # the judge's alone: a worker never needs to get past a sharer ahead of its turn
+            fds.append(_open_lock(self._lock_file(device) + ".intent"))
+            argv += ["--device-intent-fd", "5"]
         # The wall limit here only bounds a process nobody ever hands a job (the slot applies the job's timeout).
         limits = self._limits(cfg, cfg.start_timeout_s + 24 * 3600)
         try:
-            process = self._spawn(argv, workdir, limits, self._env(workdir, device), pass_fds=(theirs.fileno(), lock))
+            process = self._spawn(argv, workdir, limits, self._env(workdir, device), pass_fds=tuple(fds))
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-            os.close(lock)
+            for fd in fds[1:]:
+                os.close(fd)
         return process, ours
 
     def _start(self, device: str) -> _Worker:
@@ -224,7 +231,7 @@ class GpuPool:
 
     def _start_judge(self, device: str) -> _Judge:
         workdir = self._workdir("judge", device)
-        process, sock = self._spawn_with_socket("cuda_eval.judge", device, workdir, [])
+        process, sock = self._spawn_with_socket("cuda_eval.judge", device, workdir, [], intent=True)
         judge = _Judge(process, workdir, sock)
         try:
             header, _ = channel.recv(sock, deadline=time.monotonic() + self.config.start_timeout_s)
@@ -268,6 +275,11 @@ class GpuPool:
     def _open_lock(self, device: str) -> int:
         """A new open file description of the device's lock file (flock locks belong to one)."""
         return _open_lock(self._lock_file(device))
+
+    def share(self, device: str) -> "DeviceShare":
+        """What a trainer holds while it runs its own work (sampling) on this pool's GPU `device`: see DeviceShare."""
+        path = self._lock_file(device)
+        return DeviceShare(path, path + ".intent")
 
     def _await_ready(self, worker: _Worker) -> bool:
         """The worker's "ready" on its socket (untrusted only in form: no candidate code has run in it yet)."""
@@ -393,6 +405,48 @@ class GpuPool:
 
 class JudgeFailed(RuntimeError):
     """The judge process could not be started (the job is reported as the evaluator's failure)."""
+
+
+class DeviceShare:
+    """Shared use of a GPU next to the evaluator's timing: `with share:` around each device call of other work on
+    the same GPU (the JAX sampler of configs/one_gpu.py). Inside, no judge times on it; a judge that wants to time
+    waits for the holder to leave, and a holder waits for a timing in progress or wanted (the judge's intent) to
+    end. Hold it for one device call at a time (the decode call, a prefill), never a whole generate: timing then
+    waits at most one call. Reusable, not re-entrant. The files are the pool's (`GpuPool.share`) or, for a process
+    without a pool, the machine-wide ones of a physical GPU (`for_gpu`)."""
+
+    def __init__(self, lock_path: str, intent_path: str):
+        self.lock_fd = _open_lock(lock_path)
+        self.intent_fd = _open_lock(intent_path)
+        self.waited_s = 0.0      # total time spent waiting for timings (what sharing costs the holder)
+        self.holds = 0
+
+    @classmethod
+    def for_gpu(cls, physical_gpu: str, lock_dir: str | None = None) -> "DeviceShare":
+        directory = lock_dir or PoolConfig.device_lock_dir
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in str(physical_gpu))
+        path = os.path.join(directory, f"device-{name}.lock")
+        return cls(path, path + ".intent")
+
+    def __enter__(self) -> "DeviceShare":
+        t0 = time.monotonic()
+        fcntl.flock(self.intent_fd, fcntl.LOCK_SH)   # a judge waiting to time goes first
+        fcntl.flock(self.intent_fd, fcntl.LOCK_UN)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
+        self.waited_s += time.monotonic() - t0
+        self.holds += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        for fd in (self.lock_fd, self.intent_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _open_lock(path: str) -> int:

@@ -58,6 +58,8 @@ def process_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--channel-fd", type=int, default=CHANNEL_FD, help="the socket to the pool (or judge)")
     parser.add_argument("--device-lock-fd", type=int, default=None, help="a descriptor of the GPU's lock file "
                         "(flocked around CUDA initialisation and timing)")
+    parser.add_argument("--device-intent-fd", type=int, default=None, help="the judge's: a descriptor of the "
+                        "GPU's intent file (held while waiting for the lock, so that shared holders let it in)")
     return parser
 
 
@@ -153,17 +155,34 @@ FRESH_FIRST_SEED = 4242    # ... first with these contents ...
 FRESH_SEED = 4343          # ... then with these: the output must follow
 
 
+def _flock(fd: int, how: int, deadline: float | None, what: str) -> None:
+    """flock, blocking; with a deadline (time.monotonic()), polled until then (TimeoutError naming `what`)."""
+    if deadline is None:
+        fcntl.flock(fd, how)
+        return
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if _monotonic() > deadline:
+                raise TimeoutError(f"{what} was not free in time") from None
+            time.sleep(0.002)
+
+
 # --- device state ---------------------------------------------------------------------------------------------
 class Device:
     """The device of a judge or worker process. `lock_fd`: a descriptor of the file all processes of the same GPU
-    lock (handed over by the pool): exclusive flock while one initialises CUDA (start-up) and while the judge times, so that a process starting up
-    never disturbs a measurement (the kernel releases the lock if a process dies). `checks`: the candidate's worker
-    also prepares the kernel trace and the fork-check gate."""
+    lock (handed over by the pool): exclusive flock while one initialises CUDA (start-up) and while the judge times,
+    so that a process starting up never disturbs a measurement (the kernel releases the lock if a process dies);
+    `intent_fd` (the judge's) lets it past a trainer that shares the GPU. `checks`: the candidate's worker also
+    prepares the kernel trace and the fork-check gate."""
 
     def __init__(self, device_type: str, cpu_threads: int, lock_fd: int | None = None, *, who: str,
-                 checks: bool):
+                 checks: bool, intent_fd: int | None = None):
         self.type = device_type
         self.lock_fd = lock_fd
+        self.intent_fd = intent_fd
         self.who = who
         torch.set_grad_enabled(False)  # KernelBench evaluates under no_grad
         self._warm_up_host(checks)
@@ -180,17 +199,17 @@ class Device:
         if fd is None:
             yield
             return
-        if deadline is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        else:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if _monotonic() > deadline:
-                        raise TimeoutError("the GPU's timing lock was not free in time") from None
-                    time.sleep(0.002)
+        # A trainer sampling on the same GPU holds the lock shared (gpu_pool.DeviceShare), one device call at a
+        # time. A polling waiter would almost never find it free (docs/LOG.md, "the GPU shared with a sampler":
+        # 6-188 s against a 0.2 s holder), so the judge first takes the intent file, which the sharer checks
+        # before each of its holds.
+        if self.intent_fd is not None:
+            _flock(self.intent_fd, fcntl.LOCK_EX, deadline, "the GPU's intent lock")
+        try:
+            _flock(fd, fcntl.LOCK_EX, deadline, "the GPU's timing lock")
+        finally:
+            if self.intent_fd is not None:
+                fcntl.flock(self.intent_fd, fcntl.LOCK_UN)
         try:
             yield
         finally:

@@ -554,7 +554,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ctl = socket.socket(fileno=args.channel_fd)
     try:
-        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="judge", checks=False)
+        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="judge", checks=False,
+                        intent_fd=args.device_intent_fd)
         with device.exclusive():
             device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
     except BaseException as e:

@@ -13,6 +13,7 @@ still cached). Per-sequence RNG keys make the sampled tokens independent of all 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -103,10 +104,14 @@ class SamplerEngine:
     """Batched generation for one model graph. Parameters are passed to each `generate` (no copy is made)."""
 
     def __init__(self, model: qwen2.Qwen2ForCausalLM, config: SamplerConfig, *, mesh=None,
-                 stop_ids: Sequence[int] | None = None):
+                 stop_ids: Sequence[int] | None = None,
+                 device_guard: Callable[[], contextlib.AbstractContextManager] | None = None):
         """mesh: where decode runs (default: the mesh of the model's parameters, or none for one device). KV heads
-        are split over its 'tensor' axis; other axes hold copies of the KV pool."""
+        are split over its 'tensor' axis; other axes hold copies of the KV pool. device_guard: entered around each
+        device call (a prefill, a decode call) until its results are on the host; on a GPU shared with cuda_eval it
+        is the evaluator's device_share, so that kernel timing never overlaps sampling."""
         self.config = config
+        self.device_guard = device_guard or contextlib.nullcontext
         self.model_config = model.config
         self.options = model.options
         self.graphdef = nnx.split(model)[0]
@@ -252,13 +257,17 @@ class _Run:
         while self.waiting or self.state.active.any():
             admitted = self._admit()
             if admitted:
-                pool = self._prefill(pool, admitted)
+                with self.engine.device_guard():
+                    pool = self._prefill(pool, admitted)
+                    if self.engine.device_guard is not contextlib.nullcontext:
+                        jax.block_until_ready(pool)   # its work is done before the GPU is handed back
             if not self.state.active.any():
                 if self.waiting and not admitted:
                     raise RuntimeError("sampler made no progress: the KV pool cannot admit the next prompt")
                 continue
             self._grow_pages()
-            pool = self._decode(pool)
+            with self.engine.device_guard():   # _decode reads its outputs back: the call is over when it returns
+                pool = self._decode(pool)
         return pool
 
     # ------------------------------------------------------------------ admission

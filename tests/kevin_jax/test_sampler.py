@@ -364,3 +364,26 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name, layer_loop):
     batch = steps.PrefillBatch(ints(rows, chunk), ints(rows, chunk), flags(rows, chunk), ints(rows, width),
                                ints(rows), ints(rows), flags(rows), ints(rows), ints(rows), ints(rows), ints(rows, 1))
     jax.export.export(functions.prefill, platforms=["cuda"])(state, pool, batch, sds((), jnp.uint32))
+
+
+def test_device_guard_wraps_every_device_call_and_changes_no_token(model):
+    """On a GPU shared with cuda_eval the engine holds the evaluator's DeviceShare around each prefill and decode
+    call (never nested, never across host work between calls); the tokens are the same as without it."""
+    import contextlib
+
+    events = []
+
+    @contextlib.contextmanager
+    def guard():
+        assert not events or events[-1] == "exit", "nested hold"
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    prompts = _prompts([4, 12, 7, 19, 9], seed=5)
+    plain = SamplerEngine(model, SMALL)
+    guarded = SamplerEngine(model, SMALL, device_guard=guard)
+    want, _ = plain.generate(params_of(model), prompts, 12, seed=1)
+    got, stats = guarded.generate(params_of(model), prompts, 12, seed=1)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert events.count("enter") == events.count("exit") >= stats.decode_calls + 1
