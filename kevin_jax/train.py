@@ -35,27 +35,20 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 
-from cuda_eval.api import EvalConfig, Evaluator, visible_gpu_count
+from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import logs, parallel
-from kevin_jax.env.episode import EnvConfig, EpisodeRunner, Trajectory
-from kevin_jax.env.prompts import PromptRenderer
-from kevin_jax.model import hf, qwen2, shapes
-from kevin_jax.model.tokenizer import load_tokenizer
-from kevin_jax.placement import GpuConfig
+from kevin_jax.env.episode import EpisodeRunner, Trajectory
+from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl import multihost, rollout_stats
 from kevin_jax.rl import state as rl_state
-from kevin_jax.rl.loss import RLConfig
-from kevin_jax.rl.scores import RewardConfig
 from kevin_jax.rl.task_sampler import TaskSampler
-from kevin_jax.rl.warm_start import WarmStartConfig, warm_start
-from kevin_jax.rl.warm_start import examples as warm_start_examples
-from kevin_jax.sampler import SamplerConfig, SamplerPolicy
-from kevin_jax.tasks import Split, TasksConfig, load_tasks, resolve_split, select
+from kevin_jax.run_config import DebugConfig, RunSpec, as_dict, parse_config
+from kevin_jax.sampler import SamplerPolicy
+from kevin_jax.tasks import Split, load_tasks, resolve_split, select
 
 log = logging.getLogger("kevin_jax.train")
 
@@ -64,181 +57,6 @@ NO_GPU_MESSAGE = (
     "generated CUDA kernels) cannot be measured. To run the RL loop on this machine anyway, with compile-only "
     "verdicts (nvcc compiles each kernel, nothing runs; every metric is tagged compile_only/), use the tiny CPU "
     "config:\n  python launch/train.py --config=configs/tiny_cpu.py --workdir=/tmp/kevin_tiny")
-
-
-# ---------------------------------------------------------------------------------------------------- config
-@dataclasses.dataclass
-class ModelSource:
-    """Where the policy comes from (config section `model`, together with qwen2.ModelOptions' fields).
-
-    shape: a named architecture (kevin_jax.model.shapes.NAMED_CONFIGS), randomly initialised from `seed`.
-    hf_checkpoint: a Hugging Face Qwen2 checkpoint directory (QwQ-32B's); when set, `shape` must be "".
-    """
-    shape: str = "tiny"
-    hf_checkpoint: str = ""
-
-    def __post_init__(self):
-        if bool(self.shape) == bool(self.hf_checkpoint):
-            raise ValueError("set exactly one of model.hf_checkpoint (an HF checkpoint directory, e.g. QwQ-32B's) "
-                             f"and model.shape (a random init of a named shape); got shape={self.shape!r}, "
-                             f"hf_checkpoint={self.hf_checkpoint!r}")
-
-
-@dataclasses.dataclass
-class TokenizerConfig:
-    """The tokenizer (config section `tokenizer`). path: a tokenizer directory, "" = the built-in one, "model" =
-    the HF checkpoint's own files."""
-    path: str = ""
-
-
-@dataclasses.dataclass
-class HoldoutConfig:
-    """Held-out evaluation during training (config section `holdout`).
-
-    every_steps: evaluate the split's held-out tasks after every this many steps (0 = never).
-    at_end: also after the last step.
-    num_trajectories: trajectories per held-out task (turns as in env).
-    """
-    every_steps: int = 0
-    at_end: bool = True
-    num_trajectories: int = 4
-
-
-KILL_PHASES = ("", "sampling", "evaluation", "update", "checkpoint")
-
-
-@dataclasses.dataclass
-class DebugConfig:
-    """Debug switches (config section `debug`). kill_at_phase / kill_at_step: SIGKILL this process during that
-    phase of that step ("sampling": after the first sampler call; "evaluation": while the first evaluation batch is
-    in flight; "update": between the two optimiser updates; "checkpoint": while the checkpoint is being written)."""
-    kill_at_phase: str = ""
-    kill_at_step: int = -1
-
-    def __post_init__(self):
-        if self.kill_at_phase not in KILL_PHASES:
-            raise ValueError(f"debug.kill_at_phase must be one of {KILL_PHASES}, got {self.kill_at_phase!r}")
-
-
-SECTIONS: dict[str, tuple[type, ...]] = {
-    "model": (ModelSource, qwen2.ModelOptions), "tokenizer": (TokenizerConfig,), "tasks": (TasksConfig,),
-    "env": (EnvConfig,), "reward": (RewardConfig,), "sampler": (SamplerConfig,), "eval": (EvalConfig,),
-    "rl": (RLConfig,), "optim": (rl_state.OptimConfig,), "mesh": (parallel.ParallelConfig,), "gpu": (GpuConfig,),
-    "log": (logs.LogConfig,), "ckpt": (ckpt_lib.CheckpointConfig,), "holdout": (HoldoutConfig,),
-    "warm_start": (WarmStartConfig,), "debug": (DebugConfig,),
-}
-TOP_LEVEL = {"seed": int, "total_steps": int, "response_schedule": str}
-
-
-@dataclasses.dataclass
-class RunSpec:
-    """The typed form of a run config: one dataclass per section."""
-    model: ModelSource
-    model_options: qwen2.ModelOptions
-    tokenizer: TokenizerConfig
-    tasks: TasksConfig
-    env: EnvConfig
-    reward: RewardConfig
-    sampler: SamplerConfig
-    eval: EvalConfig
-    rl: RLConfig
-    optim: rl_state.OptimConfig
-    mesh: parallel.ParallelConfig
-    gpu: GpuConfig
-    log: logs.LogConfig
-    ckpt: ckpt_lib.CheckpointConfig
-    holdout: HoldoutConfig
-    warm_start: WarmStartConfig
-    debug: DebugConfig
-    seed: int
-    total_steps: int
-    response_schedule: tuple[tuple[int, int], ...]
-
-    def max_response_tokens(self, step: int) -> int:
-        """env.max_response_tokens, raised/lowered from the steps named in response_schedule ("30:22528")."""
-        tokens = self.env.max_response_tokens
-        for from_step, value in self.response_schedule:
-            if step >= from_step:
-                tokens = value
-        return tokens
-
-    @property
-    def longest_response(self) -> int:
-        return max([self.env.max_response_tokens] + [v for _, v in self.response_schedule])
-
-
-def _plain(section: Any) -> dict:
-    return section.to_dict() if hasattr(section, "to_dict") else dict(section)
-
-
-def _build(types: tuple[type, ...], values: Mapping[str, Any], name: str) -> list[Any]:
-    fields = [{f.name for f in dataclasses.fields(t)} for t in types]
-    unknown = sorted(set(values) - set().union(*fields))
-    if unknown:
-        known = sorted(set().union(*fields))
-        raise ValueError(f"config.{name} has unknown field(s) {unknown}; known fields: {known}")
-    out = []
-    for t, names in zip(types, fields):
-        kwargs = {k: v for k, v in values.items() if k in names}
-        for k, v in kwargs.items():
-            if isinstance(v, list):
-                kwargs[k] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
-        try:
-            out.append(t(**kwargs))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"config.{name}: {e}") from e
-    return out
-
-
-def parse_schedule(text: str) -> tuple[tuple[int, int], ...]:
-    """"30:22528,60:32768" -> ((30, 22528), (60, 32768)); "" -> ()."""
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        try:
-            step, tokens = (int(x) for x in item.split(":"))
-        except ValueError:
-            raise ValueError(f"response_schedule entries are step:tokens, got {item!r}") from None
-        if step < 1 or tokens < 1:
-            raise ValueError(f"response_schedule entry {item!r}: step and tokens must be positive")
-        out.append((step, tokens))
-    return tuple(sorted(out))
-
-
-def parse_config(config: Any) -> RunSpec:
-    """Builds every section's dataclass from an ml_collections ConfigDict (or nested dicts); unknown sections or
-    fields are errors that name them."""
-    values = _plain(config)
-    unknown = sorted(set(values) - set(SECTIONS) - set(TOP_LEVEL))
-    if unknown:
-        raise ValueError(f"config has unknown top-level entries {unknown}; sections: {sorted(SECTIONS)}, "
-                         f"values: {sorted(TOP_LEVEL)}")
-    built: dict[str, Any] = {}
-    for name, types in SECTIONS.items():
-        parts = _build(types, _plain(values.get(name, {})), name)
-        if name == "model":
-            built["model"], built["model_options"] = parts
-        else:
-            built[name] = parts[0]
-    for name, kind in TOP_LEVEL.items():
-        if name not in values:
-            raise ValueError(f"config.{name} is missing")
-    spec = RunSpec(**built, seed=int(values["seed"]), total_steps=int(values["total_steps"]),
-                   response_schedule=parse_schedule(str(values["response_schedule"] or "")))
-    _check(spec)
-    return spec
-
-
-def _check(spec: RunSpec) -> None:
-    if spec.total_steps <= 0:
-        raise ValueError(f"total_steps must be positive, got {spec.total_steps}")
-    need = spec.env.max_prompt_tokens + spec.longest_response
-    if spec.sampler.max_seq_len < need:
-        raise ValueError(f"sampler.max_seq_len={spec.sampler.max_seq_len} < env.max_prompt_tokens + longest response "
-                         f"({spec.env.max_prompt_tokens} + {spec.longest_response} = {need}): long turns would be "
-                         f"cut; raise sampler.max_seq_len")
-    if spec.sampler.top_k or spec.sampler.top_p < 1:
-        log.warning("sampler.top_k/top_p truncate the sampling distribution: the trainer's recomputed log-probs "
-                    "(temperature only) will not match the sampler's exactly")
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
@@ -280,48 +98,6 @@ class _KillingEvaluator:
         results = self.evaluator.evaluate(requests)
         self.kill("evaluation")
         return results
-
-
-def _architecture(spec: RunSpec) -> shapes.Qwen2Config:
-    if spec.model.hf_checkpoint:
-        return shapes.from_hf_config(spec.model.hf_checkpoint)
-    return shapes.named_config(spec.model.shape)
-
-
-def initial_params(spec: RunSpec, mesh) -> tuple[Any, Any]:
-    """(graphdef, parameters) of the policy before any update: the HF checkpoint, or a seeded random init."""
-    if spec.model.hf_checkpoint:
-        model = hf.load_hf_checkpoint(spec.model.hf_checkpoint, spec.model_options, mesh=mesh)
-    else:
-        model = qwen2.init_sharded(_architecture(spec), spec.model_options, mesh, seed=spec.seed)
-    return nnx.split(model)
-
-
-def starting_params(spec: RunSpec, mesh, train_tasks, tokenizer) -> tuple[Any, Any, dict]:
-    """(graphdef, parameters, scalars) of the policy at step 0: initial parameters, then the optional warm start."""
-    if not spec.warm_start.steps:
-        return (*initial_params(spec, mesh), {})
-    # the examples first: a bad data file fails before the model is built
-    renderer = PromptRenderer(tokenizer, spec.env.max_prompt_tokens, spec.env.gpu_name, spec.env.one_shot)
-    samples = warm_start_examples(spec.warm_start, train_tasks, renderer, tokenizer.eos_id,
-                                  max_response_tokens=spec.longest_response)
-    graphdef, params = initial_params(spec, mesh)
-    params, stats = warm_start(graphdef, params, spec.warm_start, samples, mesh, spec.rl, spec.seed)
-    return graphdef, params, stats
-
-
-def abstract_state(spec: RunSpec, mesh, tx: optax.GradientTransformation) -> tuple[Any, Any]:
-    """(graphdef, ShapeDtypeStructs with shardings of the train state): the restore target, nothing allocated."""
-    graphdef, params = nnx.split(qwen2.abstract_model(_architecture(spec), spec.model_options))
-    shardings = qwen2.param_shardings(params, mesh)
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
-    compiled = jax.jit(tx.init).lower(params).compile()
-    opt_shapes = jax.eval_shape(tx.init, params)
-    opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_shapes,
-                             compiled.output_shardings)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    updates = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
-    return graphdef, {"params": params, "opt_state": opt_state, "updates": updates}
 
 
 def make_evaluator(spec: RunSpec):
@@ -406,14 +182,11 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                         spec.rl.compile_only_score)
 
         # --- tasks, tokenizer, model, optimiser
-        tokenizer = load_tokenizer(spec.model.hf_checkpoint if spec.tokenizer.path == "model" else
-                                   (spec.tokenizer.path or None))
+        tokenizer = run_tokenizer(spec)
         tasks = load_tasks(spec.tasks).tasks
         global_mesh, local_mesh = multihost.build_meshes(spec.mesh)
-        arch = _architecture(spec)
-        if tokenizer.vocab_size > arch.vocab_size:
-            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
-                             f"{arch.vocab_size}")
+        arch = architecture(spec)
+        check_vocabulary(tokenizer, arch)
         total_updates = spec.total_steps * spec.rl.updates_per_batch
         schedule = rl_state.learning_rate_schedule(spec.optim, total_updates)
         tx = rl_state.make_optimizer(spec.optim, total_updates)
@@ -444,7 +217,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             log.info("%sresuming %s after step %d (%d updates done)", tag, workdir, latest,
                      int(rl_state.to_host(state["updates"])))
         if is_main:
-            (workdir / "config.json").write_text(json.dumps(_plain(config), indent=1, default=str) + "\n")
+            (workdir / "config.json").write_text(json.dumps(as_dict(config), indent=1, default=str) + "\n")
         train_tasks = select(tasks, split, "train")
         holdout_tasks = select(tasks, split, "holdout") if split.holdout else []
         task_by_id = {t.task_id: t for t in tasks}

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning of the policy (kevin_jax.sft.run with absl flags): the run config's model, tokenizer and
+"""Supervised fine-tuning of the policy (kevin_jax.policy_init.run_sft with absl flags): the run config's model, tokenizer and
 prompts, its warm_start section's optimiser settings and data, written as an HF checkpoint directory.
 
     python launch/sft.py --config=configs/one_gpu.py --workdir=workdirs/sft_one_gpu               # shipped corpus
@@ -35,9 +35,9 @@ def main(argv):
     from kevin_jax.placement import GpuConfig, apply_gpu_placement
     apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count())
 
-    from kevin_jax import sft
+    from kevin_jax import policy_init, sft
     try:
-        sft.run(config, _WORKDIR.value)
+        policy_init.run_sft(config, _WORKDIR.value)
     except (sft.SFTDataError, FileExistsError) as e:
         logging.error("%s", e)
         sys.exit(2)

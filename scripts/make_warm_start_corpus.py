@@ -37,8 +37,7 @@ from cuda_eval import feedback
 from cuda_eval.api import EvalResult
 
 from kevin_jax.env.parse import parse_response
-from kevin_jax.rl.warm_start import THOUGHT
-from kevin_jax.sft import BUILTIN_CORPUS
+from kevin_jax.sft import BUILTIN_CORPUS, THOUGHT
 from kevin_jax.tasks import builtin_solutions
 
 GENERIC_SUMMARY = "a custom CUDA kernel replaces the PyTorch operators."

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from cuda_eval.api import EvalConfig, Evaluator, visible_gpu_count
-from kevin_jax import train
 from kevin_jax.env import episode
 from kevin_jax.evaluation import external as external_lib
 from kevin_jax.evaluation import metrics as metrics_lib
 from kevin_jax.evaluation import records, report
 from kevin_jax.evaluation.beam import BeamConfig, BeamSearch, beam_summary
+from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.tasks import Split, Task, load_split, load_tasks, resolve_split, select
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def pick_tasks(all_tasks: Sequence[Task], options: EvalOptions, split: Split | N
     return chosen
 
 
-def resolve_eval_split(all_tasks: Sequence[Task], spec: train.RunSpec, checkpoint_split: Split | None,
+def resolve_eval_split(all_tasks: Sequence[Task], spec: RunSpec, checkpoint_split: Split | None,
                        run_dir: Path | None) -> tuple[Split, str]:
     """The split to take holdout/train from: the checkpoint's own, the run's split.json, or the config's."""
     if checkpoint_split is not None:
@@ -153,16 +153,15 @@ def _times(rounds) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ sampling
-def sample_policy(spec: train.RunSpec, options: EvalOptions, all_tasks: Sequence[Task],
+def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task],
                   get_evaluator: Callable[[], Any], policy: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Rolls out the policy on the selected tasks. `policy`/`tokenizer` may be given (tests); otherwise they are
     built from the config and the checkpoint. The evaluator is asked for (`get_evaluator()`) only once the policy
     and the tasks are known to be fine, so that bad input fails before any worker starts."""
-    from kevin_jax.model.tokenizer import load_tokenizer
+    from kevin_jax import policy_init
 
     if tokenizer is None:
-        tokenizer = load_tokenizer(spec.model.hf_checkpoint if spec.tokenizer.path == "model" else
-                                   (spec.tokenizer.path or None))
+        tokenizer = policy_init.run_tokenizer(spec)
     description, step, checkpoint_split, run_dir = "policy given by the caller", 0, None, None
     if options.checkpoint:
         from kevin_jax.evaluation.policy_source import checkpoints_dir
@@ -173,10 +172,7 @@ def sample_policy(spec: train.RunSpec, options: EvalOptions, all_tasks: Sequence
         from kevin_jax.evaluation import policy_source
         from kevin_jax.sampler import SamplerPolicy
 
-        arch = policy_source.architecture(spec)
-        if tokenizer.vocab_size > arch.vocab_size:
-            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
-                             f"{arch.vocab_size}")
+        policy_init.check_vocabulary(tokenizer, policy_init.architecture(spec))
         mesh = parallel.make_mesh(spec.mesh)
         if options.checkpoint:
             loaded = policy_source.restore_checkpoint(spec, mesh, options.checkpoint,
@@ -223,7 +219,7 @@ def sample_policy(spec: train.RunSpec, options: EvalOptions, all_tasks: Sequence
 def export_prompts(config: Any, options: EvalOptions) -> Path:
     """Writes the selected tasks' first-turn prompts to options.export_prompts (JSONL {task_id, prompt}): what
     another model must answer for its responses to be comparable with ours (then --external)."""
-    spec = train.parse_config(config)
+    spec = parse_config(config)
     all_tasks = list(load_tasks(spec.tasks).tasks)
     split, _ = resolve_eval_split(all_tasks, spec, None, None)
     tasks = pick_tasks(all_tasks, options, split)
@@ -238,7 +234,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
     `policy` and `tokenizer` may be passed in (tests, notebooks); by default they are built from the config."""
     if not options.out_dir:
         raise ValueError("an output directory is required (--out)")
-    spec = train.parse_config(config)
+    spec = parse_config(config)
     if options.torch_compile_baseline:
         spec.eval = dataclasses.replace(spec.eval, ref_compile=True)
     all_tasks = list(load_tasks(spec.tasks).tasks)
@@ -294,17 +290,13 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
                         "and there is no performance")
         metrics = metrics_lib.compute_metrics(trajectories, ks=options.ks or None, budgets=options.budgets or None,
                                               mode=mode, parallel_samples=not dependent)
-    meta.update(gpu_names=_gpu_names(trajectories), config=_plain(config), num_trajectories=len(trajectories))
+    meta.update(gpu_names=_gpu_names(trajectories), config=as_dict(config), num_trajectories=len(trajectories))
     return write_outputs(out_dir, metrics, trajectories, meta, input_report, beam, options.title or _title(meta))
 
 
 def is_beam_search(trajectories: Sequence[episode.Trajectory]) -> bool:
     """Trajectories written by a beam search (their request ids say so): not independent samples."""
     return any(str(t.verdict.get("request_id", "")).startswith("beam/") for tr in trajectories for t in tr.turns)
-
-
-def _plain(config: Any) -> dict:
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
 def _title(meta: Mapping[str, Any]) -> str:

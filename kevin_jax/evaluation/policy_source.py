@@ -19,9 +19,10 @@ from etils import epath
 from flax import nnx
 
 from kevin_jax import checkpoint as ckpt_lib
-from kevin_jax import train
-from kevin_jax.model import qwen2, shapes
+from kevin_jax.model import qwen2
+from kevin_jax.policy_init import abstract_state, architecture, starting_params
 from kevin_jax.rl import state as rl_state
+from kevin_jax.run_config import RunSpec
 from kevin_jax.tasks import Split
 
 log = logging.getLogger(__name__)
@@ -38,13 +39,6 @@ class LoadedPolicy:
     step: int                        # the RL step of the checkpoint (0 for a starting policy)
     split: Split | None              # the split the run trained with (from the checkpoint), if known
     run_dir: Path | None = None
-
-
-def architecture(spec: train.RunSpec) -> shapes.Qwen2Config:
-    """The architecture the config describes (the HF checkpoint's config.json, or the named shape)."""
-    if spec.model.hf_checkpoint:
-        return shapes.from_hf_config(spec.model.hf_checkpoint)
-    return shapes.named_config(spec.model.shape)
 
 
 def checkpoints_dir(path: str | Path) -> Path:
@@ -104,7 +98,7 @@ def _run_model_section(run_dir: Path) -> dict | None:
         return None
 
 
-def restore_checkpoint(spec: train.RunSpec, mesh, checkpoint: str | Path, step: int | None = None) -> LoadedPolicy:
+def restore_checkpoint(spec: RunSpec, mesh, checkpoint: str | Path, step: int | None = None) -> LoadedPolicy:
     """The policy of a training checkpoint (the newest, or `step`), its shapes checked against `spec.model`."""
     directory = checkpoints_dir(checkpoint)
     run_dir = directory.parent if directory.name == "checkpoints" else None
@@ -145,7 +139,7 @@ def restore_checkpoint(spec: train.RunSpec, mesh, checkpoint: str | Path, step: 
     return LoadedPolicy(nnx.merge(graphdef, params), f"checkpoint {directory / str(step)}", int(step), split, run_dir)
 
 
-def _restore_params(checkpointer: ckpt_lib.Checkpointer, step: int, target: Any, spec: train.RunSpec, mesh) -> Any:
+def _restore_params(checkpointer: ckpt_lib.Checkpointer, step: int, target: Any, spec: RunSpec, mesh) -> Any:
     """Parameters only (orbax partial restore); older orbax without it: the whole train state, then its params."""
     restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype),
                                 {"params": target})
@@ -153,17 +147,17 @@ def _restore_params(checkpointer: ckpt_lib.Checkpointer, step: int, target: Any,
         args = ocp.args.PyTreeRestore(item={"params": target}, restore_args=restore_args, partial_restore=True)
     except TypeError:
         tx = rl_state.make_optimizer(spec.optim, spec.total_steps * spec.rl.updates_per_batch)
-        _, full = train.abstract_state(spec, mesh, tx)
+        _, full = abstract_state(spec, mesh, tx)
         state, _ = checkpointer.restore(step, full)
         return state["params"]
     restored = checkpointer.manager.restore(step, args=ocp.args.Composite(state=args))
     return restored["state"]["params"]
 
 
-def starting_policy(spec: train.RunSpec, mesh, warm_start_tasks, tokenizer) -> LoadedPolicy:
+def starting_policy(spec: RunSpec, mesh, warm_start_tasks, tokenizer) -> LoadedPolicy:
     """What the trainer starts from at step 0: the HF checkpoint, or the named shape's seeded init, then the
     configured warm start (on `warm_start_tasks`)."""
-    graphdef, params, stats = train.starting_params(spec, mesh, warm_start_tasks, tokenizer)
+    graphdef, params, stats = starting_params(spec, mesh, warm_start_tasks, tokenizer)
     if spec.model.hf_checkpoint:
         what = f"HF checkpoint {spec.model.hf_checkpoint}"
     else:

@@ -11,7 +11,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cuda_eval.api import visible_gpu_count
-from kevin_jax import train
+from kevin_jax import run_config, train
 from kevin_jax.placement import GpuConfig, apply_gpu_placement
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +37,10 @@ def _with_checkpoint(config):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_field_of_every_section_is_in_the_config(name):
     config = _load(name)
-    for section, types in train.SECTIONS.items():
+    for section, types in run_config.SECTIONS.items():
         fields = {f.name for t in types for f in dataclasses.fields(t)}
         assert set(config[section].keys()) == fields, section
-    train.parse_config(_with_checkpoint(config))
+    run_config.parse_config(_with_checkpoint(config))
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -61,7 +61,7 @@ def _override_text(value) -> str:
 def test_every_field_can_be_overridden_on_the_command_line():
     base = _load("tiny_cpu")
     overrides = []
-    for section, types in train.SECTIONS.items():
+    for section, types in run_config.SECTIONS.items():
         for t in types:
             for f in dataclasses.fields(t):
                 value = base[section][f.name]
@@ -70,7 +70,7 @@ def test_every_field_can_be_overridden_on_the_command_line():
                 overrides.append(f"--config.{section}.{f.name}={_override_text(value)}")
     overrides += ["--config.seed=0", "--config.total_steps=3", "--config.response_schedule=2:600"]
     config = _load("tiny_cpu", *overrides)
-    spec = train.parse_config(config)
+    spec = run_config.parse_config(config)
     assert spec.response_schedule == ((2, 600),)
     assert spec.max_response_tokens(1) == 512 and spec.max_response_tokens(2) == 600
 
@@ -80,7 +80,7 @@ def test_overrides_change_the_dataclasses():
                    "--config.env.num_turns=1", "--config.mesh.coordinator_address=localhost:1234",
                    "--config.mesh.num_processes=2", "--config.sampler.stop_ids=(5,7)",
                    "--config.tasks.levels=(1,)", "--config.rl.kl_coef=0.05")
-    spec = train.parse_config(config)
+    spec = run_config.parse_config(config)
     assert spec.reward.gamma == 0.8 and spec.rl.aggregation == "token_mean" and spec.env.num_turns == 1
     assert spec.mesh.coordinator_address == "localhost:1234" and spec.mesh.num_processes == 2
     assert spec.sampler.stop_ids == (5, 7) and spec.tasks.levels == (1,) and spec.rl.kl_coef == 0.05
@@ -92,21 +92,21 @@ def test_unknown_fields_are_errors():
     config = _load("tiny_cpu").to_dict()
     config["rl"]["nonexistent"] = 1
     with pytest.raises(ValueError, match=r"config.rl has unknown field\(s\) \['nonexistent'\]"):
-        train.parse_config(config)
+        run_config.parse_config(config)
     config = _load("tiny_cpu").to_dict()
     config["optimiser"] = {}
     with pytest.raises(ValueError, match="unknown top-level entries"):
-        train.parse_config(config)
+        run_config.parse_config(config)
     config = _load("tiny_cpu").to_dict()
     config["rl"]["aggregation"] = "median"
     with pytest.raises(ValueError, match="config.rl: rl.aggregation must be one of"):
-        train.parse_config(config)
+        run_config.parse_config(config)
 
 
 def test_kevin32b_is_kevins_recipe():
     with pytest.raises(ValueError, match="model.hf_checkpoint"):
-        train.parse_config(_load("kevin32b"))
-    spec = train.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B"))
+        run_config.parse_config(_load("kevin32b"))
+    spec = run_config.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B"))
     assert (spec.rl.tasks_per_step, spec.env.num_trajectories, spec.env.num_turns) == (8, 16, 4)
     assert (spec.reward.gamma, spec.reward.aggregation, spec.reward.correct_weight) == (0.4, "sum", 0.3)
     assert (spec.optim.learning_rate, spec.optim.warmup_fraction, spec.optim.grad_clip_norm) == (2e-6, 0.03, 0.05)
@@ -116,7 +116,7 @@ def test_kevin32b_is_kevins_recipe():
     assert spec.sampler.temperature == 0.9
     assert spec.tasks.levels == (1, 2) and spec.tasks.holdout_fraction == 0.1
     assert spec.tokenizer.path == "model"
-    single = train.parse_config(_with_checkpoint(_load("single_turn")))
+    single = run_config.parse_config(_with_checkpoint(_load("single_turn")))
     assert single.env.num_turns == 1 and single.reward.aggregation == "single_turn"
     assert single.env.num_trajectories * single.env.num_turns == 64
 
@@ -132,12 +132,12 @@ def test_config_files_do_not_import_jax():
 
 def test_too_short_context_is_an_error():
     with pytest.raises(ValueError, match="sampler.max_seq_len"):
-        train.parse_config(_load("tiny_cpu", "--config.sampler.max_seq_len=2048"))
+        run_config.parse_config(_load("tiny_cpu", "--config.sampler.max_seq_len=2048"))
 
 
 @pytest.mark.skipif(visible_gpu_count() > 0, reason="checks the message shown where there is no GPU")
 def test_no_gpu_says_so_and_points_to_the_tiny_config():
-    spec = train.parse_config(_load("one_gpu"))
+    spec = run_config.parse_config(_load("one_gpu"))
     with pytest.raises(RuntimeError) as e:
         train.make_evaluator(spec)
     assert "needs an NVIDIA GPU" in str(e.value) and "configs/tiny_cpu.py" in str(e.value)

@@ -243,12 +243,12 @@ def _save_tiny_checkpoint(workdir: Path, step: int = 3, seed: int = 5):
     from flax import nnx
 
     from kevin_jax import checkpoint as ckpt_lib
-    from kevin_jax import parallel, train
+    from kevin_jax import parallel, run_config
     from kevin_jax.model import qwen2, shapes
     from kevin_jax.rl import state as rl_state
     from kevin_jax.tasks import TasksConfig, default_split
 
-    spec = train.parse_config(tiny_cpu.get_config())
+    spec = run_config.parse_config(tiny_cpu.get_config())
     mesh = parallel.make_mesh(spec.mesh)
     _, abstract = nnx.split(qwen2.abstract_model(shapes.named_config("tiny"), spec.model_options))
     rng = np.random.default_rng(seed)
@@ -298,13 +298,13 @@ def _empty_dir(tmp_path):
 
 
 def test_checkpoint_that_does_not_match_the_config_is_a_clear_error(tiny_run):
-    from kevin_jax import train
+    from kevin_jax import run_config
     from kevin_jax.evaluation import policy_source
 
     workdir, _, mesh, _, _ = tiny_run
     c = tiny_cpu.get_config()
     c.model.shape = "qwen2.5_0.5b"
-    other = train.parse_config(c)
+    other = run_config.parse_config(c)
     with pytest.raises(policy_source.CheckpointMismatchError) as e:
         policy_source.restore_checkpoint(other, mesh, workdir)
     text = str(e.value)

@@ -17,7 +17,7 @@ from flax import nnx
 from cuda_eval import feedback
 from cuda_eval.api import EvalResult
 
-from kevin_jax import parallel, sft
+from kevin_jax import parallel, policy_init, sft
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner
 from kevin_jax.env.prompts import PromptRenderer
 from kevin_jax.model import qwen2, shapes
@@ -25,7 +25,7 @@ from kevin_jax.model.tokenizer import load_tokenizer
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl.loss import RLConfig
 from kevin_jax.rl.scores import RewardConfig
-from kevin_jax.rl.warm_start import WarmStartConfig, examples as warm_start_examples
+from kevin_jax.sft import WarmStartConfig, warm_start_examples
 from kevin_jax.tasks import TasksConfig, builtin_solutions, load_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -339,10 +339,10 @@ def test_run_writes_an_hf_checkpoint_that_loads_back(tmp_path):
     config.warm_start.steps = 2
     config.rl.min_row_len = 64
     out = tmp_path / "sft"
-    stats = sft.run(config, out)
+    stats = policy_init.run_sft(config, out)
     assert stats["warm_start/examples"] == 3 and np.isfinite(stats["warm_start/last_nll"])
     assert json.loads((out / "sft_stats.json").read_text()) == stats
     loaded = hf.load_hf_checkpoint(out, qwen2.ModelOptions(dtype="float32", attention="xla", remat="none"))
     assert loaded.config.num_hidden_layers == shapes.named_config("tiny").num_hidden_layers
     with pytest.raises(FileExistsError, match="not an empty directory"):
-        sft.run(config, out)
+        policy_init.run_sft(config, out)

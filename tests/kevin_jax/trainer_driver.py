@@ -17,17 +17,17 @@ def make_warm_checkpoint(target: str) -> None:
     from flax import nnx
 
     import trainer_fakes
-    from kevin_jax import train
+    from kevin_jax import policy_init, run_config
     from kevin_jax.model import hf
     from kevin_jax.model.tokenizer import BUILTIN_DIR, load_tokenizer
     from kevin_jax.rl import multihost
     from kevin_jax.tasks import load_tasks, resolve_split, select
 
-    spec = train.parse_config(trainer_fakes.tiny_config())
+    spec = run_config.parse_config(trainer_fakes.tiny_config())
     tasks = load_tasks(spec.tasks).tasks
     split = resolve_split(tasks, spec.tasks)
     mesh, _ = multihost.build_meshes(spec.mesh)
-    graphdef, params, stats = train.starting_params(spec, mesh, select(tasks, split, "train"), load_tokenizer())
+    graphdef, params, stats = policy_init.starting_params(spec, mesh, select(tasks, split, "train"), load_tokenizer())
     tmp = target + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     hf.save_hf_checkpoint(nnx.merge(graphdef, params), tmp, dtype=None, tokenizer_dir=BUILTIN_DIR)
