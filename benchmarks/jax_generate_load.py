@@ -6,8 +6,10 @@
 
 Random bf16 weights of --config, --batch sequences per generate call, prompts of --prompt-min..--prompt-max tokens,
 --new-tokens each, rounds back to back. JAX gets what a shared GPU gives it (kevin_jax.placement: a memory fraction,
-no preallocation). Writes a JSON line per round (tokens/s) to --out, rewritten after every round, and prints
-"READY" on stdout once the first round (compilation) is done, so a caller can start its measurement then.
+no preallocation). With --yield-to-timing it holds cuda_eval's DeviceShare of the GPU around each device call, as
+a trainer sharing its GPU with the evaluator does. Writes the rounds so far (tokens/s, time spent waiting for
+timings) to --out after every round, and prints "READY" on stdout once the first round (compilation) is done, so
+that a caller can start its measurement then.
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ def main(argv=None) -> None:
     p.add_argument("--memory-fraction", type=float, default=0.3, help="XLA_PYTHON_CLIENT_MEM_FRACTION")
     p.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0 = until signalled)")
     p.add_argument("--tiny", action="store_true", help="tiny model and shapes: a CPU smoke run")
+    p.add_argument("--yield-to-timing", action="store_true", help="hold cuda_eval's DeviceShare of this GPU around "
+                   "each device call (as a trainer sharing its GPU with the evaluator does): timing waits for at "
+                   "most one call and never overlaps sampling")
     args = p.parse_args(argv)
     if args.tiny:
         args.config, args.batch, args.prompt_min, args.prompt_max, args.new_tokens = "tiny", 4, 16, 32, 16
@@ -66,12 +71,18 @@ def main(argv=None) -> None:
     page = 16
     pages = kv_cache.pages_for(args.batch * max_seq_len, page) + 1
     on_gpu = jax.default_backend() == "gpu"
-    engine = SamplerEngine(model, SamplerConfig(temperature=0.9, max_slots=args.batch, max_seq_len=max_seq_len,
-                                                page_size=page, num_pages=pages, decode_steps=32,
-                                                attention="pallas" if on_gpu else "xla"))
+    share = None
+    if args.yield_to_timing:
+        from cuda_eval.gpu_pool import DeviceShare
+        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") if v.strip()] or ["0"]
+        share = DeviceShare.for_gpu(visible[0])
+    config_ = SamplerConfig(temperature=0.9, max_slots=args.batch, max_seq_len=max_seq_len, page_size=page,
+                            num_pages=pages, decode_steps=32, attention="pallas" if on_gpu else "xla")
+    engine = SamplerEngine(model, config_, device_guard=(lambda: share) if share is not None else None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    record = {"config": args.config, "batch": args.batch, "new_tokens": args.new_tokens, "device": str(jax.devices()[0]),
+    record = {"config": args.config, "batch": args.batch, "new_tokens": args.new_tokens,
+              "device": str(jax.devices()[0]), "yield_to_timing": args.yield_to_timing,
               "rounds": []}
     t_start = time.monotonic()
     k = 0
@@ -83,7 +94,8 @@ def main(argv=None) -> None:
         wall = time.monotonic() - t0
         record["rounds"].append({"round": k, "start_s": round(t0 - t_start, 3), "wall_s": round(wall, 3),
                                  "tokens": stats.generated_tokens,
-                                 "tok_s": round(stats.generated_tokens / max(wall, 1e-9), 1)})
+                                 "tok_s": round(stats.generated_tokens / max(wall, 1e-9), 1),
+                                 "waited_for_timing_s": round(share.waited_s, 3) if share else None})
         Path(args.out).write_text(json.dumps(record, indent=1))
         if k == 0:
             print("READY", flush=True)

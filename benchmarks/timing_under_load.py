@@ -30,6 +30,9 @@ Wall on an H100 + 16 cores, measured with the full set (49 items, 40 load progra
 idle compile 136 s, idle 194 s, floor 25 s, batch 2 439 s, batch 3 249 s): each job takes 1-4 s of GPU slot (the
 built-in tasks' 256 MB tensors ~4 s) and 89 cold programs take ~4 min of 16 cores. --limit 12 --quick: 5 min.
 Longer than a 10-minute command limit: run it in the background (device/background.sh).
+--with-sampler adds scenario 4 (reported apart, no target): the set again on the warm evaluator while a JAX sampler
+(benchmarks/jax_generate_load.py) generates on the same GPU, once ignoring the evaluator ("shared") and once holding
+its DeviceShare around each device call ("shared_yield"); a few minutes more (two JAX start-ups and two batches).
 """
 from __future__ import annotations
 
@@ -330,23 +333,28 @@ def scenario_load_and_warm(items: list[Item], loads: list[Item], args, out: dict
                                        "n": len(batch), "device": info, "per_hour": len(batch) / wall * 3600}
             log(f"{label}: scenario wall {wall:.0f} s ({len(batch) / wall * 3600:.0f} programs/hour)")
         if args.with_sampler:
-            out["records_shared"] = scenario_shared_gpu(ev, items, args, out)
+            for label, polite in (("shared", False), ("shared_yield", True)):
+                out[f"records_{label}"] = scenario_shared_gpu(ev, items, args, out, label, polite)
     finally:
         ev.close()
     return recs["load"][0], recs["warm"][0], recs["load"][1], recs["warm"][1]
 
 
-def scenario_shared_gpu(ev, items: list[Item], args, out: dict) -> dict:
+def scenario_shared_gpu(ev, items: list[Item], args, out: dict, label: str, polite: bool) -> dict:
     """Scenario 4 (--with-sampler): the analysed set again on the warm evaluator while a JAX sampler generates on the
-    same GPU without pause (benchmarks/jax_generate_load.py: what configs/one_gpu.py would do if generation and
-    evaluation overlapped). Reported apart: no target applies; it shows what sharing the GPU does to the timings."""
+    same GPU without pause (benchmarks/jax_generate_load.py: what configs/one_gpu.py does if generation and
+    evaluation overlap), "shared" with a sampler that ignores the evaluator, "shared_yield" with one that holds the
+    evaluator's DeviceShare around each device call (no timed region overlaps sampling). Reported apart: no target
+    applies; it shows what sharing the GPU does to the timings, and what yielding costs the sampler."""
     import signal
-    gen_out = os.path.join(os.path.dirname(os.path.abspath(args.out)), "jax_generate_load.json")
+    gen_out = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"jax_generate_load_{label}.json")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(args.device))
     cmd = [sys.executable, str(REPO / "benchmarks" / "jax_generate_load.py"), "--out", gen_out]
     if args.device_type == "cpu":
         cmd.append("--tiny")
-    log(f"shared: starting the JAX sampler ({' '.join(cmd[1:])})")
+    if polite:
+        cmd.append("--yield-to-timing")
+    log(f"{label}: starting the JAX sampler ({' '.join(cmd[1:])})")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     recs: dict = {}
     tail: list[str] = []
@@ -357,14 +365,14 @@ def scenario_shared_gpu(ev, items: list[Item], args, out: dict) -> dict:
             if line.startswith("READY") or time.monotonic() > ready_by:
                 break
         if proc.poll() is not None or not tail or not tail[-1].startswith("READY"):
-            out["scenarios"]["shared"] = {"error": "the JAX sampler did not start: " + " / ".join(tail)[-1500:]}
-            log(f"shared: {out['scenarios']['shared']['error']}")
+            out["scenarios"][label] = {"error": "the JAX sampler did not start: " + " / ".join(tail)[-1500:]}
+            log(f"{label}: {out['scenarios'][label]['error']}")
             return recs
-        log("shared: the sampler generates; one evaluate() of the analysed set")
-        results, wall = run_batch(ev, [request(it, f"shared:{it.id}") for it in items], "shared")
+        log(f"{label}: the sampler generates; one evaluate() of the analysed set")
+        results, wall = run_batch(ev, [request(it, f"{label}:{it.id}") for it in items], label)
         recs = {it.id: record(res) for it, res in zip(items, results)}
-        out["scenarios"]["shared"] = {"startup_s": 0.0, "wall_s": wall, "n": len(items), "device": {},
-                                      "per_hour": len(items) / wall * 3600}
+        out["scenarios"][label] = {"startup_s": 0.0, "wall_s": wall, "n": len(items), "device": {},
+                                   "per_hour": len(items) / wall * 3600}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -373,7 +381,8 @@ def scenario_shared_gpu(ev, items: list[Item], args, out: dict) -> dict:
             proc.kill()
     try:
         rounds = json.loads(Path(gen_out).read_text())["rounds"]
-        out["scenarios"]["shared"]["sampler_tok_s"] = [r["tok_s"] for r in rounds]
+        out["scenarios"][label]["sampler_tok_s"] = [r["tok_s"] for r in rounds]
+        out["scenarios"][label]["sampler_waited_s"] = rounds[-1].get("waited_for_timing_s") if rounds else None
     except (OSError, ValueError, KeyError):
         pass
     return recs
@@ -814,22 +823,27 @@ def print_report(out: dict) -> None:
         for key in ("error", "subprocess_error"):
             if floor.get(key):
                 print(f"floor {key}: {floor[key][:400]}")
-    sh = s.get("shared")
-    if sh is not None:
-        sc = out["scenarios"].get("shared", {})
+    for label, what in (("shared", "a JAX sampler generates on the same GPU, ignoring the evaluator"),
+                        ("shared_yield", "the sampler holds the evaluator's DeviceShare around each device call")):
+        sh = s.get(label)
+        if sh is None:
+            continue
+        sc = out["scenarios"].get(label, {})
         rate = sc.get("sampler_tok_s") or []
-        print(f"\n## Scenario 4: the set while a JAX sampler generates on the same GPU (apart from the targets)\n")
+        print(f"\n## Scenario 4, {label}: the set while {what} (apart from the targets)\n")
+        if sc.get("sampler_waited_s") is not None:
+            print(f"- the sampler waited {sc['sampler_waited_s']:.1f} s in all for timings")
         if sc.get("error"):
             print(f"- not run: {sc['error'][:400]}")
         print(f"- {sh['n']} timed, {len(sh['lost'])} not correct/timed; meta.timing_contended {sh['contended']}/"
               f"{sh['n']}; flags not seen in {base}: {len(sh['new_flags'])}"
               + (f"; sampler {statistics.median(rate):.0f} tok/s median over {len(rate)} rounds" if rate else ""))
-        print(f"\n| shared / {base} | group | n | min | p50 | p95 | max |")
+        print(f"\n| {label} / {base} | group | n | min | p50 | p95 | max |")
         print("|---|---|---|---|---|---|---|")
         for key, g in sh["groups"].items():
             metric, group = key.split("/")
-            label = f">= {BIG_MS * 1e3:.0f} us" if group == "big" else f"< {BIG_MS * 1e3:.0f} us"
-            print(f"| {metric} | {label} | {g['n']} | {fmt(g['min'])} | {fmt(g['p50'])} | {fmt(g['p95'])} | "
+            size = f">= {BIG_MS * 1e3:.0f} us" if group == "big" else f"< {BIG_MS * 1e3:.0f} us"
+            print(f"| {metric} | {size} | {g['n']} | {fmt(g['min'])} | {fmt(g['p50'])} | {fmt(g['p95'])} | "
                   f"{fmt(g['max'])} |")
         for x in sh["new_flags"]:
             print(f"    new flags {x['id']}: {x['new_flags']}")
@@ -906,7 +920,8 @@ def main():
         out["summary"] = summarise(out["analysis"], load, load_recs, warm_loads, out.get("empty_forward"),
                                    args.skip_idle)
         if args.with_sampler:
-            out["summary"]["shared"] = summarise_shared(out["analysis"], out.get("records_shared") or {})
+            for label in ("shared", "shared_yield"):
+                out["summary"][label] = summarise_shared(out["analysis"], out.get(f"records_{label}") or {})
     if args.device_type == "cpu":
         out["summary"]["failing"].append("CPU smoke mode: plumbing only, the targets are for a GPU")
         out["summary"]["pass"] = False
