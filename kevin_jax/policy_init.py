@@ -20,11 +20,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from kevin_jax import parallel, sft
+from kevin_jax import multihost, parallel, sft
 from kevin_jax.env.prompts import PromptRenderer
 from kevin_jax.model import hf, qwen2, shapes
 from kevin_jax.model.tokenizer import BUILTIN_DIR, Tokenizer, load_tokenizer
-from kevin_jax.rl import multihost
 from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.tasks import load_tasks, resolve_split, select
 

@@ -46,10 +46,10 @@ import optax
 from flax import nnx
 
 from kevin_jax import logs, parallel
+from kevin_jax.multihost import put_global, to_host
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl.loss import RLConfig
-from kevin_jax.rl.state import put_global, to_host
 from kevin_jax.tasks import Task, builtin_solutions
 
 log = logging.getLogger(__name__)

@@ -39,11 +39,11 @@ from flax import nnx
 
 from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
-from kevin_jax import logs, parallel
+from kevin_jax import logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, Trajectory
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import batch as rl_batch
-from kevin_jax.rl import multihost, rollout_stats
+from kevin_jax.rl import rollout_stats
 from kevin_jax.rl import state as rl_state
 from kevin_jax.rl.task_sampler import TaskSampler
 from kevin_jax.run_config import DebugConfig, RunSpec, as_dict, parse_config
@@ -215,7 +215,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             if spec.rl.kl_coef > 0:     # the reference policy is the starting one: rebuilt, deterministically
                 reference = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
             log.info("%sresuming %s after step %d (%d updates done)", tag, workdir, latest,
-                     int(rl_state.to_host(state["updates"])))
+                     int(multihost.to_host(state["updates"])))
         if is_main:
             (workdir / "config.json").write_text(json.dumps(as_dict(config), indent=1, default=str) + "\n")
         train_tasks = select(tasks, split, "train")

@@ -23,10 +23,10 @@ import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from jax.experimental import multihost_utils
 from safetensors import safe_open
 
 from kevin_jax import parallel
+from kevin_jax.multihost import to_host
 from kevin_jax.model import qwen2
 from kevin_jax.model.shapes import Qwen2Config, from_hf_config, to_hf_config
 
@@ -292,12 +292,6 @@ def load_hf_checkpoint(directory: str | os.PathLike, options: qwen2.ModelOptions
 
 
 # ----------------------------------------------------------------------------------------------- writing
-def _to_host(x: jax.Array) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-
-
 def iter_hf_tensors(model: qwen2.Qwen2ForCausalLM) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple, str]]:
     """(HF name, thunk producing the host tensor, HF shape, source dtype) in canonical order, one tensor at a time."""
     config = model.config
@@ -307,11 +301,11 @@ def iter_hf_tensors(model: qwen2.Qwen2ForCausalLM) -> Iterator[tuple[str, Callab
         if m.per_layer:
             param = by_path[("layers",) + m.path]
             for layer in range(config.num_hidden_layers):
-                thunk = lambda p=param, i=layer, k=m.kind: to_hf_layout(k, _to_host(p[i]))
+                thunk = lambda p=param, i=layer, k=m.kind: to_hf_layout(k, to_host(p[i]))
                 yield m.hf_name.format(i=layer), thunk, hf_shape(m.kind, param.shape[1:]), str(param.dtype)
         else:
             param = by_path[m.path]
-            yield m.hf_name, (lambda p=param, k=m.kind: to_hf_layout(k, _to_host(p))), hf_shape(m.kind, param.shape), \
+            yield m.hf_name, (lambda p=param, k=m.kind: to_hf_layout(k, to_host(p))), hf_shape(m.kind, param.shape), \
                 str(param.dtype)
 
 

@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from kevin_jax import parallel
+from kevin_jax.multihost import put_global, to_host
 from kevin_jax.rl import loss as rl_loss
 
 
@@ -90,21 +91,6 @@ def init_state(params: nnx.State, tx: optax.GradientTransformation) -> dict[str,
 
 def state_shardings(state: Any) -> Any:
     return jax.tree.map(lambda x: x.sharding, state)
-
-
-def to_host(x) -> np.ndarray:
-    """Host value of a (possibly multi-process) array: replicated values are read locally, sharded ones gathered."""
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-        return np.asarray(jax.device_get(x))
-    if x.is_fully_replicated:
-        return np.asarray(x.addressable_data(0))
-    from jax.experimental import multihost_utils
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def put_global(array: np.ndarray, sharding) -> jax.Array:
-    """A global array from a host copy that every process holds in full (works single- and multi-process)."""
-    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
 class Updater:

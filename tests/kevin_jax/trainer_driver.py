@@ -17,10 +17,9 @@ def make_warm_checkpoint(target: str) -> None:
     from flax import nnx
 
     import trainer_fakes
-    from kevin_jax import policy_init, run_config
+    from kevin_jax import multihost, policy_init, run_config
     from kevin_jax.model import hf
     from kevin_jax.model.tokenizer import BUILTIN_DIR, load_tokenizer
-    from kevin_jax.rl import multihost
     from kevin_jax.tasks import load_tasks, resolve_split, select
 
     spec = run_config.parse_config(trainer_fakes.tiny_config())

@@ -1,5 +1,6 @@
-"""Multi-host plumbing of the RL loop: meshes whose data axis spans hosts, each host's no-copy view of the policy
-parameters for sampling, and gathering plain-data results from every host.
+"""Multi-host plumbing: meshes whose data axis spans hosts, each host's no-copy view of the policy parameters for
+sampling, gathering plain-data results from every host, and moving arrays between a host and a (possibly
+multi-process) global array.
 
 Layout: devices are ordered by (process, id) and the global mesh is (data, fsdp, tensor) with `data` outermost, so
 each host holds whole replicas of the parameters (parameters are never sharded over `data`). A host samples with its
@@ -82,3 +83,18 @@ def host_share(items: list, process_index: int | None = None, process_count: int
     index = jax.process_index() if process_index is None else process_index
     count = jax.process_count() if process_count is None else process_count
     return items[index::count]
+
+
+def to_host(x) -> np.ndarray:
+    """Host value of a (possibly multi-process) array: replicated values are read locally, sharded ones gathered."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def put_global(array: np.ndarray, sharding) -> jax.Array:
+    """A global array from a host copy that every process holds in full (works single- and multi-process)."""
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
