@@ -4,9 +4,10 @@ and judging a whole RL batch, compared with the same kernels timed alone on an i
     python benchmarks/timing_under_load.py --out $OUT/timing_under_load.json      # ~19 min on an H100 + 16 cores
     python benchmarks/timing_under_load.py --device-type cpu --limit 6 --quick --out /tmp/tul.json   # CPU smoke
 
-The set (built here, one item = id, task source, program): every honest kernel of tests/cuda_eval/corpus, the 21
+The set (built here, one item = id, task source, program): every honest kernel of tests/cuda_eval/corpus, the 22
 solved tasks of benchmarks/candidates and the built-in tasks' correct_* solutions (elementwise maps, reductions,
-matmuls, level-2 fused ops; < 0.1 ms to about 4 ms: nothing over 5 ms among them). Only items correct in scenario 1 are analysed; the others are
+matmuls, level-2 fused ops; < 0.1 ms to about 4 ms, and matmul_large, a 4096^3 fp32 SGEMM, over 5 ms). Only items
+correct in scenario 1 are analysed; the others are
 listed with the reason they were dropped.
  1. idle: one Evaluator, compile cache warmed first (untimed), each item in its own evaluate() call, one after the
     other. ref_timing_cache=False: every reference is timed fresh, idle (nothing of 1 can leak into 2).
