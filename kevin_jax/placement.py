@@ -19,6 +19,18 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+class NoGpuError(RuntimeError):
+    """Kernels must run (the evaluator is not asked for compile-only verdicts) but no GPU is visible. The message
+    says what to do instead; the launchers print it and exit with status 2."""
+
+
+def require_gpu_for_kernels(eval_config: Any, num_gpus: int, message: str) -> None:
+    """Raises NoGpuError(message) where cuda_eval would have to run kernels on a CUDA device and `num_gpus` is 0: a
+    run without a GPU must ask for compile-only verdicts explicitly (never a silent compile-only run)."""
+    if eval_config.device_type == "cuda" and eval_config.mode != "compile_only" and num_gpus == 0:
+        raise NoGpuError(message)
+
+
 @dataclasses.dataclass
 class GpuConfig:
     """GPU placement (config section `gpu`).

@@ -46,10 +46,11 @@ import optax
 from flax import nnx
 
 from kevin_jax import logs, parallel
-from kevin_jax.multihost import put_global, to_host
+from kevin_jax.multihost import to_host
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl.loss import RLConfig
+from kevin_jax.rl.state import Updater, init_state
 from kevin_jax.tasks import Task, builtin_solutions
 
 log = logging.getLogger(__name__)
@@ -243,20 +244,35 @@ def response_nll_fn(graphdef, mesh, rl: RLConfig):
     return loss_fn
 
 
-def optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
-    """Adam after a global-norm clip, on a linear warm-up (a tenth of the steps, at most 50) then a cosine decay to a
-    tenth of the peak: a randomly initialised policy at a memorising learning rate diverges without the warm-up, and
-    the decay lets the last steps settle on the answers rather than bounce around them."""
+def _nll_loss(graphdef, mesh, rl: RLConfig):
+    """response_nll_fn as the updater's loss: (loss, {"loss": loss})."""
+    nll = response_nll_fn(graphdef, mesh, rl)
+
+    def loss(params, mb, first):
+        value = nll(params, mb)
+        return value, {"loss": value}
+    return loss
+
+
+def learning_rate_schedule(learning_rate: float, steps: int) -> optax.Schedule:
+    """A linear warm-up (a tenth of the steps, at most 50) then a cosine decay to a tenth of the peak: a randomly
+    initialised policy at a memorising learning rate diverges without the warm-up, and the decay lets the last steps
+    settle on the answers rather than bounce around them."""
     warmup = max(1, min(50, steps // 10))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(steps, warmup + 1),
-                                                  end_value=learning_rate / 10)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
+    return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(steps, warmup + 1),
+                                              end_value=learning_rate / 10)
+
+
+def optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
+    """Adam after a global-norm clip, on `learning_rate_schedule`."""
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate_schedule(learning_rate, steps)))
 
 
 def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RLConfig, *, steps: int,
               learning_rate: float, batch_size: int, seed: int, log_prefix: str = "sft") -> tuple[Any, dict]:
     """Adam on the mean response NLL; every step uses a seeded random batch of `batch_size` samples, packed into
-    micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated.
+    micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated by the RL
+    update's Updater (kevin_jax.rl.state) with this loss.
     Each log line also gives the seconds per step since the previous line, real tokens per second, the share of
     padded tokens, the share of wall time spent on the host building batches, and MFU (model FLOPs of the real
     tokens; n/a on CPU), so that a slow warm start shows where its time goes.
@@ -265,19 +281,14 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
     if not samples:
         raise ValueError("fine_tune: no samples")
     tx = optimizer(learning_rate, steps)
-    opt_state = jax.jit(tx.init)(params)
-    batch_sharding = parallel.batch_sharding(mesh, 2)
+    # donate_state=False: the caller's parameters stay valid (the first step would otherwise consume them)
+    updater = Updater(graphdef, tx, learning_rate_schedule(learning_rate, steps), rl, mesh,
+                      loss=_nll_loss(graphdef, mesh, rl), donate_state=False)
+    state = init_state(params, tx)
     divisor = mesh.shape["data"] * mesh.shape["fsdp"]
     per_step = min(len(samples), batch_size)
-    grad_fn = jax.jit(jax.value_and_grad(response_nll_fn(graphdef, mesh, rl)))
-    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
     flops = logs.FlopModel.of(nnx.merge(graphdef, params).config)
     peak = logs.peak_flops(jax.devices()[0].device_kind)
-
-    @jax.jit
-    def apply_fn(p, o, grads, scale):
-        updates, o = tx.update(jax.tree.map(lambda g: g * scale, grads), o, p)
-        return optax.apply_updates(p, updates), o
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5F7]))
     first = last = float("nan")
@@ -287,18 +298,15 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
         t_host = time.perf_counter()
         chosen = [samples[j] for j in sorted(rng.choice(len(samples), per_step, replace=False))]
         mbs, layout = rl_batch.micro_batches(chosen, rl, divisor)
-        device_mbs = [{k: put_global(v, batch_sharding) for k, v in mb.items()} for mb in mbs]
+        device_mbs = [updater.device_batch(mb) for mb in mbs]
         host_s += time.perf_counter() - t_host
         lengths = [len(s) for s in chosen]
         real, padded = real + sum(lengths), padded + layout.padded_tokens
         model_flops += flops.train(lengths)
-        total_loss, grads = 0.0, None
-        for mb in device_mbs:
-            loss, g = grad_fn(params, mb)
-            grads = g if grads is None else add(grads, g)
-            total_loss = total_loss + loss
+        grads, parts = updater.accumulate(state["params"], device_mbs)
+        total_loss = sum(part["loss"] for part in parts)
         # the mean over the step's examples of each example's mean response-token NLL
-        params, opt_state = apply_fn(params, opt_state, grads, jnp.float32(1.0 / len(chosen)))
+        state, _ = updater.apply(state, grads, scale=1.0 / len(chosen))
         steps_since += 1
         if i == 0 or i == steps - 1 or (i + 1) % max(1, steps // 5) == 0:
             last = float(to_host(total_loss)) / len(chosen)      # waits for the step: the interval's time is real
@@ -313,9 +321,9 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
                      100 * speed["padding_fraction"], 100 * speed["host_fraction"],
                      f"{speed['mfu']:.1%}" if np.isfinite(speed["mfu"]) else "n/a (CPU)")
             since, steps_since, real, padded, host_s, model_flops = time.perf_counter(), 0, 0, 0, 0.0, 0.0
-    return params, {f"{log_prefix}/first_nll": first, f"{log_prefix}/last_nll": last,
-                    f"{log_prefix}/examples": float(len(samples)),
-                    **{f"{log_prefix}/{k}": v for k, v in speed.items() if np.isfinite(v)}}     # no MFU on CPU
+    return state["params"], {f"{log_prefix}/first_nll": first, f"{log_prefix}/last_nll": last,
+                             f"{log_prefix}/examples": float(len(samples)),
+                             **{f"{log_prefix}/{k}": v for k, v in speed.items() if np.isfinite(v)}}  # no MFU on CPU
 
 
 # ---------------------------------------------------------------------------------------------------- warm start

@@ -41,6 +41,7 @@ from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, Trajectory
+from kevin_jax.placement import require_gpu_for_kernels
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl import rollout_stats
@@ -101,9 +102,8 @@ class _KillingEvaluator:
 
 
 def make_evaluator(spec: RunSpec):
-    """The real evaluator (cuda_eval), refusing to pretend: no GPU and no explicit compile-only request = an error."""
-    if spec.eval.device_type == "cuda" and spec.eval.mode != "compile_only" and visible_gpu_count() == 0:
-        raise RuntimeError(NO_GPU_MESSAGE)
+    """The real evaluator (cuda_eval), refusing to pretend: no GPU and no explicit compile-only request = NoGpuError."""
+    require_gpu_for_kernels(spec.eval, visible_gpu_count(), NO_GPU_MESSAGE)
     return Evaluator(spec.eval)
 
 
@@ -129,16 +129,6 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int) -> tu
     order = {t.task_id: i for i, t in enumerate(tasks)}
     trajectories.sort(key=lambda t: (order[t.task_id], t.traj_index))
     return trajectories, times
-
-
-def _split_from_meta(meta: Mapping) -> Split:
-    s = meta["split"]
-    return Split(tuple(s["train"]), tuple(s["holdout"]), s.get("seed"), dict(s.get("content_hashes", {})))
-
-
-def _split_to_meta(split: Split) -> dict:
-    return {"train": list(split.train), "holdout": list(split.holdout), "seed": split.seed,
-            "content_hashes": dict(split.content_hashes)}
 
 
 def _holdout_seed(seed: int) -> int:
@@ -210,7 +200,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             if meta.get("seed") != spec.seed:
                 raise ValueError(f"{workdir} holds a run with seed {meta.get('seed')} but config.seed={spec.seed}: "
                                  f"resume with the same config, or use a new workdir")
-            split = _split_from_meta(meta)
+            split = Split.from_dict(meta["split"])
             start_step = latest + 1
             if spec.rl.kl_coef > 0:     # the reference policy is the starting one: rebuilt, deterministically
                 reference = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
@@ -323,7 +313,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             if checkpointer.due(step, spec.total_steps):
                 meta = {"step": step, "seed": spec.seed, "updates": spec.rl.updates_per_batch * step,
                         "rng": {"seed": spec.seed, "rule": "sampling seed = env.episode.round_seed(seed, step, round)"},
-                        "task_sampler": sampler_tasks.state(step), "split": _split_to_meta(split),
+                        "task_sampler": sampler_tasks.state(step), "split": split.to_dict(),
                         "compile_only": compile_only}
                 checkpointer.save(step, state, meta)
                 kill("checkpoint")

@@ -65,7 +65,7 @@ def main(argv):
     config = _CONFIG.value
     # GPU placement goes into the environment before anything imports jax (shared GPU: JAX capped).
     from cuda_eval.api import visible_gpu_count
-    from kevin_jax.placement import GpuConfig, apply_gpu_placement
+    from kevin_jax.placement import GpuConfig, NoGpuError, apply_gpu_placement
     apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count())
 
     from kevin_jax.evaluation import pipeline
@@ -84,9 +84,7 @@ def main(argv):
         logging.debug("traceback", exc_info=True)
         logging.error("%s", e)
         sys.exit(2)
-    except RuntimeError as e:
-        if str(e) != pipeline.NO_GPU_MESSAGE:
-            raise
+    except NoGpuError as e:
         logging.error("%s", e)
         sys.exit(2)
 

@@ -31,17 +31,15 @@ def main(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)   # orbax's per-save chatter; our own lines stay INFO
     # GPU placement goes into the environment before anything imports jax.
     from cuda_eval.api import visible_gpu_count
-    from kevin_jax.placement import GpuConfig, apply_gpu_placement
+    from kevin_jax.placement import GpuConfig, NoGpuError, apply_gpu_placement
     apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count())
 
     from kevin_jax import train
     try:
         train.run(config, _WORKDIR.value)
-    except RuntimeError as e:
-        if str(e) == train.NO_GPU_MESSAGE:
-            logging.error("%s", e)
-            sys.exit(2)
-        raise
+    except NoGpuError as e:
+        logging.error("%s", e)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

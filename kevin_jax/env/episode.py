@@ -134,6 +134,19 @@ class EpisodeResult:
     rounds: list[RoundStats]
 
 
+@dataclasses.dataclass
+class PlayedRound:
+    """What one round did: the new turn of each live trajectory (in their order), and its time."""
+    turns: list[Turn]
+    generate_s: float
+    evaluate_s: float           # decoding, parsing and the evaluator call
+
+    def stats(self, round_index: int, render_s: float, total_s: float) -> RoundStats:
+        return RoundStats(round_index, len(self.turns), float(np.mean([len(t.prompt_tokens) for t in self.turns])),
+                          float(np.mean([len(t.response_tokens) for t in self.turns])), render_s, self.generate_s,
+                          self.evaluate_s, total_s)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Scoring (shared by the runner and the replays)
 
@@ -277,36 +290,46 @@ class EpisodeRunner:
             if not live:
                 break
             t1 = time.perf_counter()
-            generations = self.policy.generate([p.token_ids for p in prompts], self.env.max_response_tokens,
-                                               round_seed(seed, step, round_index))
-            _check_count("policy.generate", len(generations), len(prompts))
-            t2 = time.perf_counter()
-            texts = [self.decode(g.tokens) for g in generations]
-            parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
-            requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
-                                    request_id=_request_id(lv.traj, round_index)) for lv, p in zip(live, parsed)]
-            verdicts = [r.to_dict() for r in self.evaluator.evaluate(requests)]
-            _check_count("evaluator.evaluate", len(verdicts), len(requests))
-            t3 = time.perf_counter()
+            played = self.play_round(live, prompts, round_index, step, seed)
             next_live = []
-            for lv, prompt, gen, text, p, verdict in zip(live, prompts, generations, texts, parsed, verdicts):
-                turn = Turn(round_index, list(prompt.token_ids), list(gen.tokens), [float(x) for x in gen.logprobs],
-                            gen.stop_reason, text, p.to_dict(), verdict)
-                turn.score = turn_score(turn.parsed, verdict, self.reward)
-                lv.traj.turns.append(turn)
-                lv.attempts.append(Attempt(p.code, p.summary, str(verdict.get("feedback") or "")))
-                if not self._stops(lv, turn, verdict):
+            for lv, turn in zip(live, played.turns):
+                if not self._stops(lv, turn, turn.verdict):
                     next_live.append(lv)
                 lv.best_score = max(lv.best_score, turn.score)
-            t4 = time.perf_counter()
-            rounds.append(RoundStats(round_index, len(live), float(np.mean([len(p.token_ids) for p in prompts])),
-                                     float(np.mean([len(g.tokens) for g in generations])), t1 - t0, t2 - t1, t3 - t2,
-                                     t4 - t0))
+            rounds.append(played.stats(round_index, t1 - t0, time.perf_counter() - t0))
             log.info("round %d: %d live, generate %.1fs, evaluate %.1fs, %d correct", round_index, len(live),
-                     t2 - t1, t3 - t2, sum(counts_as_correct(v) for v in verdicts))
+                     played.generate_s, played.evaluate_s, sum(counts_as_correct(t.verdict) for t in played.turns))
             live = next_live
         assign_returns(trajectories, self.reward)
         return EpisodeResult(trajectories, rounds)
+
+    def play_round(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int,
+                   seed: int, request_prefix: str = "") -> PlayedRound:
+        """One round for the live trajectories (anything with .traj, .task and .attempts) and their prompts: one
+        policy call, decode and parse, one evaluator call. Each trajectory gets its scored turn appended, and its
+        attempt (code, summary, feedback) appended to the attempts its next prompt shows."""
+        t0 = time.perf_counter()
+        generations = self.policy.generate([p.token_ids for p in prompts], self.env.max_response_tokens,
+                                           round_seed(seed, step, round_index))
+        _check_count("policy.generate", len(generations), len(prompts))
+        t1 = time.perf_counter()
+        texts = [self.decode(g.tokens) for g in generations]
+        parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
+        requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
+                                request_id=request_prefix + _request_id(lv.traj, round_index))
+                    for lv, p in zip(live, parsed)]
+        verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.evaluator.evaluate(requests)]
+        _check_count("evaluator.evaluate", len(verdicts), len(requests))
+        t2 = time.perf_counter()
+        turns = []
+        for lv, prompt, gen, text, p, verdict in zip(live, prompts, generations, texts, parsed, verdicts):
+            turn = Turn(round_index, list(prompt.token_ids), list(gen.tokens), [float(x) for x in gen.logprobs],
+                        gen.stop_reason, text, p.to_dict(), verdict)
+            turn.score = turn_score(turn.parsed, verdict, self.reward)
+            lv.traj.turns.append(turn)
+            lv.attempts.append(Attempt(p.code, p.summary, str(verdict.get("feedback") or "")))
+            turns.append(turn)
+        return PlayedRound(turns, t1 - t0, t2 - t1)
 
     def _prompts(self, live: list[_Live], round_index: int,
                  first_prompts: Mapping[str, RenderedPrompt]) -> tuple[list[_Live], list[RenderedPrompt]]:

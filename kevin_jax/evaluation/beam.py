@@ -3,8 +3,8 @@ block of turns keep the `beam_width` whose fastest correct kernel so far is fast
 and continue refining from the copies (sampling makes them diverge). Same kernel budget as N parallel trajectories
 x T turns; the best kernel of the search is the best of the final beams (the best trajectory is always kept).
 
-The rounds are the environment's (kevin_jax.env.episode.EpisodeRunner): same prompts, parse, one policy call and one
-evaluator call per round for every live trajectory, same scores. Ranking uses the evaluation's own definitions
+The rounds are the environment's (kevin_jax.env.episode.EpisodeRunner.play_round): same prompts, parse, one policy call
+and one evaluator call per round for every live trajectory, same scores. Ranking uses the evaluation's own definitions
 (metrics.kernel_outcome): a trajectory with a correct (compile-only: compiled) kernel beats one without; among
 those, the faster best kernel wins; ties are broken by a seeded random order.
 """
@@ -17,9 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from cuda_eval.api import EvalRequest
-from kevin_jax.env.episode import EpisodeRunner, RoundStats, Trajectory, Turn, assign_returns, round_seed, turn_score
-from kevin_jax.env.parse import parse_response
+from kevin_jax.env.episode import EpisodeRunner, RoundStats, Trajectory, assign_returns, round_seed
 from kevin_jax.env.prompts import Attempt, PromptTooLongError
 from kevin_jax.evaluation.metrics import kernel_outcome
 from kevin_jax.tasks.kernelbench import Task
@@ -109,26 +107,7 @@ class BeamSearch:
             if not live:
                 break
             t1 = time.perf_counter()
-            generations = r.policy.generate([p.token_ids for p in prompts], env.max_response_tokens,
-                                            round_seed(seed, step, round_index))
-            if len(generations) != len(prompts):
-                raise RuntimeError(f"policy.generate returned {len(generations)} results for {len(prompts)} prompts")
-            t2 = time.perf_counter()
-            texts = [r.decode(g.tokens) for g in generations]
-            parsed = [parse_response(text, r.renderer.opens_thought, env.max_summary_chars) for text in texts]
-            requests = [EvalRequest(task_id=b.task.task_id, task_source=b.task.source, response=p.answer,
-                                    request_id=f"beam/step{step}/{b.task.task_id}/traj{b.traj.traj_index}/"
-                                               f"turn{round_index}") for b, p in zip(live, parsed)]
-            verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in r.evaluator.evaluate(requests)]
-            if len(verdicts) != len(requests):
-                raise RuntimeError(f"the evaluator returned {len(verdicts)} results for {len(requests)} requests")
-            t3 = time.perf_counter()
-            for beam, prompt, gen, text, p, verdict in zip(live, prompts, generations, texts, parsed, verdicts):
-                turn = Turn(round_index, list(prompt.token_ids), list(gen.tokens), [float(x) for x in gen.logprobs],
-                            gen.stop_reason, text, p.to_dict(), verdict)
-                turn.score = turn_score(turn.parsed, verdict, r.reward)
-                beam.traj.turns.append(turn)
-                beam.attempts.append(Attempt(p.code, p.summary, str(verdict.get("feedback") or "")))
+            played = r.play_round(live, prompts, round_index, step, seed, request_prefix="beam/")
             done = round_index + 1
             if done % self.config.block_turns == 0 and done < env.num_turns:
                 rng = np.random.default_rng(round_seed(seed, step, 1000 + round_index))
@@ -136,12 +115,9 @@ class BeamSearch:
                     beams[task.task_id], dropped, record = self._prune(beams[task.task_id], rng)
                     pruned += dropped
                     selections.append({"task_id": task.task_id, "after_turns": done, **record})
-            t4 = time.perf_counter()
-            rounds.append(RoundStats(round_index, len(live), float(np.mean([len(p.token_ids) for p in prompts])),
-                                     float(np.mean([len(g.tokens) for g in generations])), t1 - t0, t2 - t1, t3 - t2,
-                                     t4 - t0))
-            log.info("beam round %d: %d live, generate %.1fs, evaluate %.1fs", round_index, len(live), t2 - t1,
-                     t3 - t2)
+            rounds.append(played.stats(round_index, t1 - t0, time.perf_counter() - t0))
+            log.info("beam round %d: %d live, generate %.1fs, evaluate %.1fs", round_index, len(live),
+                     played.generate_s, played.evaluate_s)
         final = [b.traj for task in tasks for b in beams[task.task_id]]
         assign_returns(final, r.reward)
         return BeamResult(final, pruned, selections, rounds)

@@ -26,6 +26,7 @@ from kevin_jax.evaluation import external as external_lib
 from kevin_jax.evaluation import metrics as metrics_lib
 from kevin_jax.evaluation import records, report
 from kevin_jax.evaluation.beam import BeamConfig, BeamSearch, beam_summary
+from kevin_jax.placement import require_gpu_for_kernels
 from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.tasks import Split, Task, load_split, load_tasks, resolve_split, select
 
@@ -127,8 +128,7 @@ def resolve_eval_split(all_tasks: Sequence[Task], spec: RunSpec, checkpoint_spli
 
 def check_can_evaluate(config: EvalConfig) -> None:
     """No GPU and no explicit compile-only request is an error (never a silent compile-only report)."""
-    if config.device_type == "cuda" and config.mode != "compile_only" and visible_gpu_count() == 0:
-        raise RuntimeError(NO_GPU_MESSAGE)
+    require_gpu_for_kernels(config, visible_gpu_count(), NO_GPU_MESSAGE)
 
 
 def make_evaluator(config: EvalConfig) -> Evaluator:

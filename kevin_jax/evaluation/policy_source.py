@@ -129,10 +129,7 @@ def restore_checkpoint(spec: RunSpec, mesh, checkpoint: str | Path, step: int | 
         meta = checkpointer.restore_meta(step)
     finally:
         checkpointer.close()
-    split = None
-    if isinstance(meta.get("split"), Mapping):
-        s = meta["split"]
-        split = Split(tuple(s["train"]), tuple(s["holdout"]), s.get("seed"), dict(s.get("content_hashes", {})))
+    split = Split.from_dict(meta["split"]) if isinstance(meta.get("split"), Mapping) else None
     if meta.get("seed") is not None and meta.get("seed") != spec.seed:
         log.warning("the checkpoint's run used seed %s, this config says %s (only the sampling seeds differ)",
                     meta.get("seed"), spec.seed)

@@ -3,13 +3,13 @@
 State is a plain dict pytree {"params": nnx.State, "opt_state": optax state, "updates": int32} (orbax saves it as
 is). One optimiser update = sum of the micro-batch gradients (the loss is a weighted sum, kevin_jax.rl.loss), then
 clip by global norm and AdamW. Gradients of a micro-batch are computed under the mesh's activation-sharding rules
-with the batch sharded over the data-parallel axes, so more devices = the same sums computed in parallel.
+with the batch sharded over the data-parallel axes, so more devices = the same sums computed in parallel. The
+supervised fine-tuning (kevin_jax.sft) runs the same `Updater` with its own loss and optimiser.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -94,20 +94,28 @@ def state_shardings(state: Any) -> Any:
 
 
 class Updater:
-    """The jitted pieces of one optimiser update for a model graph, an optimiser and a mesh.
+    """The jitted pieces of one optimiser update for a model graph, an optimiser, a mesh and a loss.
 
+    loss: the objective of one micro-batch, `loss(params, micro_batch, first) -> (scalar, stats)` with stats a dict of
+      device arrays (sums over the micro-batch). Gradients are summed over micro-batches, so a loss that is a weighted
+      sum gives the gradient of the whole batch. Default: the policy-gradient loss (kevin_jax.rl.loss) of the
+      model's log-probs at `temperature`; kevin_jax.sft passes the response NLL.
     temperature: the sampling temperature: log-probs are recomputed under the same distribution the sampler drew
       from (logits / T), so that ratios compare like with like.
+    donate_state: an optimiser step may reuse the buffers of the state it is given; False where the caller still
+      needs the parameters it passed in.
     """
 
     def __init__(self, graphdef, tx: optax.GradientTransformation, schedule: optax.Schedule, config: rl_loss.RLConfig,
-                 mesh, temperature: float):
+                 mesh, temperature: float = 1.0, loss: Callable | None = None, donate_state: bool = True):
         self.graphdef = graphdef
         self.tx = tx
         self.schedule = schedule
         self.config = config
         self.mesh = mesh
         self.temperature = float(temperature) if temperature > 0 else 1.0
+        self.loss = self._policy_gradient_loss if loss is None else loss
+        self.donate_state = donate_state
         self.batch_sharding = parallel.batch_sharding(mesh, 2)
         self._grads = jax.jit(self._grads_impl, static_argnames=("first",), donate_argnums=(1,))
         self._forward = jax.jit(self._forward_impl)
@@ -121,13 +129,13 @@ class Updater:
                                     chunk_size=self.config.logprob_chunk, temperature=self.temperature,
                                     return_entropy=return_entropy, right_padded=not self.config.pack)
 
-    def _grads_impl(self, params, grads, mb, first: bool):
-        def loss_fn(p):
-            with parallel.activation_sharding(self.mesh):
-                logp, entropy = self._logprobs(p, mb, True)
-            return rl_loss.batch_loss(logp, entropy, mb, self.config, old_from_current=first)
+    def _policy_gradient_loss(self, params, mb, first: bool):
+        with parallel.activation_sharding(self.mesh):
+            logp, entropy = self._logprobs(params, mb, True)
+        return rl_loss.batch_loss(logp, entropy, mb, self.config, old_from_current=first)
 
-        (_, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    def _grads_impl(self, params, grads, mb, first: bool):
+        (_, stats), g = jax.value_and_grad(lambda p: self.loss(p, mb, first), has_aux=True)(params)
         grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grads, g)
         return grads, stats
 
@@ -135,7 +143,9 @@ class Updater:
         with parallel.activation_sharding(self.mesh):
             return self._logprobs(params, mb, False)
 
-    def _apply_impl(self, state, grads):
+    def _apply_impl(self, state, grads, scale):
+        if scale is not None:
+            grads = jax.tree.map(lambda g: g * scale, grads)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -158,25 +168,37 @@ class Updater:
                                   out_shardings=jax.tree.map(lambda x: x.sharding, params))
         return self._zeros(params)
 
-    def gradients(self, params, batches: Sequence[dict[str, jax.Array]], first: bool):
-        """(summed float32 gradients, stats dict of floats, per-micro-batch trainer log-probs)."""
+    def accumulate(self, params, batches: Sequence[dict[str, jax.Array]], first: bool = True):
+        """(float32 gradients of the loss summed over the micro-batches, each micro-batch's stats as device arrays:
+        nothing here waits for the device)."""
         grads = self.zero_grads(params)
-        parts, trainer_logprobs = [], []
+        parts = []
         for mb in batches:
             grads, stats = self._grads(params, grads, mb, first=first)
-            trainer_logprobs.append(stats.pop("trainer_logprobs"))
             parts.append(stats)
+        return grads, parts
+
+    def apply(self, state: dict, grads, scale: float | None = None):
+        """One optimiser step on `grads` (times `scale`, if given): (new state, {grad_norm, learning_rate,
+        update_norm} as device scalars)."""
+        if self._apply is None:
+            shardings = state_shardings(state)
+            self._apply = jax.jit(self._apply_impl, donate_argnums=(0,) if self.donate_state else (),
+                                  out_shardings=(shardings, None))
+        return self._apply(state, grads, None if scale is None else jnp.float32(scale))
+
+    def gradients(self, params, batches: Sequence[dict[str, jax.Array]], first: bool):
+        """The policy-gradient loss's (summed float32 gradients, stats dict of floats, per-micro-batch trainer
+        log-probs)."""
+        grads, parts = self.accumulate(params, batches, first)
+        trainer_logprobs = [stats.pop("trainer_logprobs") for stats in parts]
         total = rl_loss.combine_stats([jax.tree.map(to_host, p) for p in parts])
         return grads, rl_loss.finish_stats(total), trainer_logprobs
 
     def update(self, state: dict, batches: Sequence[dict[str, jax.Array]], first: bool):
-        """One optimiser update over all micro-batches. Returns (new state, stats dict of floats, the trainer's
+        """One policy-gradient update over all micro-batches. Returns (new state, stats dict of floats, the trainer's
         log-probs of each micro-batch (device arrays, stop-gradient, under the parameters before the update))."""
         grads, out, trainer_logprobs = self.gradients(state["params"], batches, first)
-        if self._apply is None:
-            shardings = state_shardings(state)
-            self._apply = jax.jit(self._apply_impl, donate_argnums=(0,),
-                                  out_shardings=(shardings, None))
-        state, opt_stats = self._apply(state, grads)
+        state, opt_stats = self.apply(state, grads)
         out.update({k: float(to_host(v)) for k, v in opt_stats.items()})
         return state, out, trainer_logprobs

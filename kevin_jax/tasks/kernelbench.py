@@ -295,6 +295,16 @@ class Split:
         if overlap:
             raise ValueError(f"split has tasks in both train and holdout: {overlap[:10]}")
 
+    def to_dict(self) -> dict:
+        """Plain data (a split file, a checkpoint's record); `from_dict` reads it back."""
+        return {"seed": self.seed, "train": list(self.train), "holdout": list(self.holdout),
+                "content_hashes": dict(self.content_hashes)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Split":
+        return cls(tuple(data["train"]), tuple(data["holdout"]), data.get("seed"),
+                   dict(data.get("content_hashes", {})))
+
 
 def default_split(tasks: Sequence[Task], holdout_fraction: float = 0.1, seed: int = 0) -> Split:
     """Per level, order task ids by sha256(seed:task_id) and hold out the first round(fraction * n) (>= 1 when the
@@ -317,10 +327,8 @@ def default_split(tasks: Sequence[Task], holdout_fraction: float = 0.1, seed: in
 
 
 def save_split(split: Split, path: str | Path) -> None:
-    data = {"seed": split.seed, "train": list(split.train), "holdout": list(split.holdout),
-            "content_hashes": dict(split.content_hashes)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    Path(path).write_text(json.dumps(split.to_dict(), indent=1) + "\n")
 
 
 def load_split(path: str | Path) -> Split:
@@ -331,7 +339,7 @@ def load_split(path: str | Path) -> Split:
     if not isinstance(data, dict) or not isinstance(data.get("train"), list) or not isinstance(
             data.get("holdout"), list):
         raise ValueError(f"split file {path} must be a JSON object with lists 'train' and 'holdout'")
-    return Split(tuple(data["train"]), tuple(data["holdout"]), data.get("seed"), dict(data.get("content_hashes", {})))
+    return Split.from_dict(data)
 
 
 def resolve_split(tasks: Sequence[Task], config: TasksConfig, write_to: str | Path | None = None) -> Split:
