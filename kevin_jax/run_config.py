@@ -15,11 +15,11 @@ from cuda_eval.api import EvalConfig
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import logs, parallel
 from kevin_jax.env.episode import EnvConfig
+from kevin_jax.env.reward import RewardConfig
 from kevin_jax.model import qwen2
 from kevin_jax.placement import GpuConfig
 from kevin_jax.rl import state as rl_state
 from kevin_jax.rl.loss import RLConfig
-from kevin_jax.rl.scores import RewardConfig
 from kevin_jax.sampler.config import SamplerConfig
 from kevin_jax.sft import WarmStartConfig
 from kevin_jax.tasks import TasksConfig

@@ -6,7 +6,8 @@ Per step:
   1. draw the step's training tasks (a function of seed and step: kevin_jax.rl.task_sampler);
   2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode): each round
      samples every live trajectory with the policy's own parameters (one sampler call) and evaluates every answer
-     (one cuda_eval call); scores, discounted returns and per-task advantages come from kevin_jax.rl.scores;
+     (one cuda_eval call) and scores each turn (kevin_jax.env.reward); discounted returns and per-task advantages
+     come from kevin_jax.rl.advantages;
   3. rl.updates_per_batch optimiser updates on the batch (the first on-policy, the next off-policy with importance
      ratios against the sampler's log-probs), gradients accumulated over micro-batches (kevin_jax.rl.state);
   4. scalars to TensorBoard and metrics.jsonl, every trajectory to trajectories/step_XXXXXX.jsonl;
@@ -43,8 +44,8 @@ from kevin_jax import logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, Trajectory
 from kevin_jax.placement import require_gpu_for_kernels
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
+from kevin_jax.rl import advantages, rollout_stats
 from kevin_jax.rl import batch as rl_batch
-from kevin_jax.rl import rollout_stats
 from kevin_jax.rl import state as rl_state
 from kevin_jax.rl.task_sampler import TaskSampler
 from kevin_jax.run_config import DebugConfig, RunSpec, as_dict, parse_config
@@ -117,8 +118,11 @@ def _gather_trajectories(local: list[Trajectory]) -> list[Trajectory]:
     return [Trajectory.from_dict(d) for part in parts for d in part]
 
 
-def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int) -> tuple[list[Trajectory], dict]:
-    """This host's share of `tasks` rolled out, then everyone's trajectories gathered (same order on every host)."""
+def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int,
+                 compile_only_score: float | None) -> tuple[list[Trajectory], dict]:
+    """This host's share of `tasks` rolled out, then everyone's trajectories gathered (same order on every host) and
+    their returns and advantages assigned; with a compile_only_score, from that proxy score of every kernel that
+    compiled (no GPU: nothing ran, so the reward would be 0 everywhere)."""
     mine = multihost.host_share(tasks)
     if jax.process_count() > 1:
         log.info("host %d/%d rolls out %d of %d tasks", jax.process_index(), jax.process_count(), len(mine),
@@ -128,6 +132,10 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int) -> tu
     trajectories = _gather_trajectories(result.trajectories)
     order = {t.task_id: i for i, t in enumerate(tasks)}
     trajectories.sort(key=lambda t: (order[t.task_id], t.traj_index))
+    if compile_only_score is None:
+        advantages.assign_returns(trajectories, runner.reward)
+    else:
+        rollout_stats.compile_only_rescore(trajectories, runner.reward, compile_only_score)
     return trajectories, times
 
 
@@ -165,6 +173,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             evaluator = stack.enter_context(make_evaluator(spec))
         mode = getattr(evaluator, "mode", "full")
         compile_only = mode == "compile_only"
+        proxy_score = spec.rl.compile_only_score if compile_only else None
         tag = "[compile-only] " if compile_only else ""
         if compile_only:
             log.warning("%sno GPU: kernels are compiled but never run; a compiled kernel scores "
@@ -248,10 +257,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
             step_tasks = [task_by_id[i] for i in sampler_tasks.tasks_for_step(step)]
             t0 = time.perf_counter()
-            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed)
+            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, proxy_score)
             rollout_s = time.perf_counter() - t0
-            if compile_only:
-                rollout_stats.compile_only_rescore(trajectories, spec.reward, spec.rl.compile_only_score)
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
                                                          spec.log.thought_prefix).items()})
@@ -336,9 +343,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
                 runner.env = dataclasses.replace(spec.env, num_trajectories=spec.holdout.num_trajectories,
                                                  max_response_tokens=spec.max_response_tokens(step))
-                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed))
-                if compile_only:
-                    rollout_stats.compile_only_rescore(held, spec.reward, spec.rl.compile_only_score)
+                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed), proxy_score)
                 scalars = {f"holdout/{k}": v for k, v in rollout_stats.rollout_scalars(
                     held, spec.env.num_turns, spec.log.thought_prefix).items()}
                 scalars["time/holdout"] = time.perf_counter() - t0

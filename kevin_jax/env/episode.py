@@ -3,12 +3,11 @@
 Round t (t = 0 .. num_turns-1), for every live trajectory:
   prompt (first turn, or refinement with the earlier attempts: code + own summary + feedback, never thoughts)
   -> policy.generate(all prompts, one call) -> decode + parse -> cuda_eval evaluate(all answers, one call)
-  -> verdict, score; the attempt is carried into the next prompt.
-After the last round: discounted returns per trajectory and advantages normalised per task (rl/scores.py).
+  -> verdict, score (kevin_jax.env.reward); the attempt is carried into the next prompt.
+The runner returns scored turns; their returns and advantages are the update's (kevin_jax.rl.advantages).
 
-Trajectories are plain data (Contract 4 in docs/ARCHITECTURE.md), saved as JSONL, loaded back, re-scored from their
-saved verdicts (`rescore`) or re-evaluated (`reevaluate`). Early stop (`EnvConfig.early_stop`) is off by default, as
-in Kevin.
+Trajectories are plain data (Contract 4 in docs/ARCHITECTURE.md), saved as JSONL, loaded back, or re-evaluated
+(`reevaluate`). Early stop (`EnvConfig.early_stop`) is off by default, as in Kevin.
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from cuda_eval.api import EvalRequest
 from kevin_jax.env.parse import parse_response
 from kevin_jax.env.policy import Policy
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
-from kevin_jax.rl.scores import RewardConfig, counts_as_correct, discounted_returns, group_advantages, kernel_score
+from kevin_jax.env.reward import RewardConfig, counts_as_correct, turn_score
 from kevin_jax.tasks.kernelbench import Task
 
 log = logging.getLogger(__name__)
@@ -83,8 +82,8 @@ class Turn:
     response_text: str
     parsed: dict                # ParsedResponse.to_dict()
     verdict: dict               # EvalResult.to_dict()
-    score: float = 0.0
-    return_: float = 0.0        # "return" in the JSON
+    score: float = 0.0          # kevin_jax.env.reward.turn_score
+    return_: float = 0.0        # "return" in the JSON; return_ and advantage: kevin_jax.rl.advantages (0 until then)
     advantage: float = 0.0
 
     def to_dict(self) -> dict:
@@ -148,42 +147,13 @@ class PlayedRound:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Scoring (shared by the runner and the replays)
-
-def turn_score(parsed: Mapping, verdict: Mapping, config: RewardConfig) -> float:
-    """0 for a format failure seen by either side (our parse or the evaluator), else the kernel score."""
-    if parsed.get("format_error") is not None:
-        return 0.0
-    return kernel_score(verdict, config)
-
-
-def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
-                   score_of: Callable[[Any], float] | None = None) -> None:
-    """Fills score, return and advantage of every turn in place: returns within each trajectory, advantages over all
-    turn-samples of the same task. `score_of(turn)` replaces the reward's score of a turn (compile-only runs)."""
-    returns, groups, turns = [], [], []
-    for traj in trajectories:
-        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, config) for t in traj.turns]
-        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, config)):
-            t.score, t.return_ = float(s), float(r)
-            returns.append(r)
-            groups.append(traj.task_id)
-            turns.append(t)
-    for t, a in zip(turns, group_advantages(returns, groups, config, [t.turn for t in turns])):
-        t.advantage = float(a)
-
-
-def rescore(trajectories: Sequence[Trajectory], config: RewardConfig) -> list[Trajectory]:
-    """Copies of the trajectories, re-scored from their saved verdicts under `config` (no evaluator needed)."""
-    out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
-    assign_returns(out, config)
-    return out
-
+# Replays
 
 def reevaluate(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: Mapping[str, Task],
                config: RewardConfig, max_summary_chars: int = 2000) -> list[Trajectory]:
-    """Copies of the trajectories with every turn's response re-parsed and re-evaluated (one evaluate call for all),
-    then re-scored. The responses stay as generated (later prompts are not rebuilt)."""
+    """Copies of the trajectories with every turn's response re-parsed, re-evaluated (one evaluate call for all) and
+    re-scored; returns and advantages are reset to 0 (kevin_jax.rl.advantages assigns them). The responses stay as
+    generated (later prompts are not rebuilt)."""
     out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
     unknown = sorted({t.task_id for t in out} - set(tasks))
     if unknown:
@@ -203,7 +173,8 @@ def reevaluate(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: 
     _check_count("evaluator", len(results), len(requests))
     for turn, result in zip(turns, results):
         turn.verdict = result.to_dict()
-    assign_returns(out, config)
+        turn.score = turn_score(turn.parsed, turn.verdict, config)
+        turn.return_ = turn.advantage = 0.0
     return out
 
 
@@ -300,7 +271,6 @@ class EpisodeRunner:
             log.info("round %d: %d live, generate %.1fs, evaluate %.1fs, %d correct", round_index, len(live),
                      played.generate_s, played.evaluate_s, sum(counts_as_correct(t.verdict) for t in played.turns))
             live = next_live
-        assign_returns(trajectories, self.reward)
         return EpisodeResult(trajectories, rounds)
 
     def play_round(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int,

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kevin_jax.env.episode import EpisodeRunner, RoundStats, Trajectory, assign_returns, round_seed
+from kevin_jax.env.episode import EpisodeRunner, RoundStats, Trajectory, round_seed
 from kevin_jax.env.prompts import Attempt, PromptTooLongError
 from kevin_jax.evaluation.metrics import kernel_outcome
 from kevin_jax.tasks.kernelbench import Task
@@ -59,7 +59,7 @@ class _Beam:
 
 @dataclasses.dataclass
 class BeamResult:
-    trajectories: list[Trajectory]   # the final beams: N per task, each with its whole history
+    trajectories: list[Trajectory]   # the final beams: N per task, each with its whole history (scored turns)
     pruned: list[Trajectory]         # every trajectory dropped at a pruning, as it was then
     selections: list[dict]           # per task and pruning: which were kept, with their rank keys
     rounds: list[RoundStats]
@@ -119,7 +119,6 @@ class BeamSearch:
             log.info("beam round %d: %d live, generate %.1fs, evaluate %.1fs", round_index, len(live),
                      played.generate_s, played.evaluate_s)
         final = [b.traj for task in tasks for b in beams[task.task_id]]
-        assign_returns(final, r.reward)
         return BeamResult(final, pruned, selections, rounds)
 
     def _prune(self, group: list[_Beam], rng: np.random.Generator) -> tuple[list[_Beam], list[Trajectory], dict]:

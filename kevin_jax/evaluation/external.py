@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cuda_eval.api import EvalRequest
-from kevin_jax.env.episode import Trajectory, Turn, assign_returns
+from kevin_jax.env.episode import Trajectory, Turn
 from kevin_jax.env.parse import parse_response
 from kevin_jax.env.prompts import first_turn_text
 from kevin_jax.evaluation.records import InputReport, RecordError, check_known_tasks, read_jsonl
-from kevin_jax.rl.scores import RewardConfig
+from kevin_jax.env.reward import RewardConfig
+from kevin_jax.rl.advantages import assign_returns
 from kevin_jax.tasks.kernelbench import Task
 
 KNOWN_KEYS = {"task_id", "task", "turn", "response", "trajectory", "traj_index", "model", "stop_reason"}

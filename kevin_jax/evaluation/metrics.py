@@ -1,7 +1,7 @@
 """Kevin's evaluation metrics over multi-turn trajectories, and the unbiased best@k estimator (Chen et al. 2021).
 
 Definitions (Kevin, arXiv 2507.11948):
-- A kernel is correct when it is well formed, correct and carries no hack flag (`rl.scores.counts_as_correct`).
+- A kernel is correct when it is well formed, correct and carries no hack flag (`env.reward.counts_as_correct`).
   Where nothing ran (compile-only verdicts) the only thing known is whether it compiled: the metric is then called
   "compiled" and there is no performance.
 - A trajectory after t turns (its first t kernels) is correct if any of them is; its performance is the speedup of its
@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from kevin_jax.rl.scores import counts_as_correct
+from kevin_jax.env.reward import counts_as_correct
 
 FAST_P = (1.0, 1.5, 2.0)
 BASELINES = ("eager", "compile")

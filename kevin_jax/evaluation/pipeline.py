@@ -27,6 +27,7 @@ from kevin_jax.evaluation import metrics as metrics_lib
 from kevin_jax.evaluation import records, report
 from kevin_jax.evaluation.beam import BeamConfig, BeamSearch, beam_summary
 from kevin_jax.placement import require_gpu_for_kernels
+from kevin_jax.rl import advantages
 from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.tasks import Split, Task, load_split, load_tasks, resolve_split, select
 
@@ -211,6 +212,7 @@ def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task]
     else:
         result = runner.run(tasks, step=step, seed=options.seed)
         out.update(trajectories=result.trajectories, rounds=result.rounds)
+    advantages.assign_returns(out["trajectories"], spec.reward)
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -256,7 +258,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
         if options.rescore:
             trajectories, input_report = records.load_trajectories(options.rescore)
             records.check_known_tasks({t.task_id for t in trajectories}, by_id, options.rescore)
-            trajectories = episode.rescore(trajectories, spec.reward)
+            trajectories = advantages.rescore(trajectories, spec.reward)
             meta.update(source=f"saved verdicts of {options.rescore}", step=trajectories[0].step)
             mode = None
             dependent = is_beam_search(trajectories)
@@ -267,6 +269,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
             t0 = time.perf_counter()
             trajectories = episode.reevaluate(trajectories, evaluator_or_default(), by_id, spec.reward,
                                               spec.env.max_summary_chars)
+            advantages.assign_returns(trajectories, spec.reward)
             meta.update(source=f"responses of {options.reevaluate}, evaluated again", step=trajectories[0].step,
                         times={"evaluation_s": time.perf_counter() - t0})
             mode = _evaluator_mode(evaluator)

@@ -1,1 +1,2 @@
-"""Multi-turn RL: scores, returns and advantages (scores.py), the loss and the train state."""
+"""Multi-turn RL: returns and advantages of the scored turns (advantages.py), the loss, the train state and update,
+the step's task draw and rollout statistics."""

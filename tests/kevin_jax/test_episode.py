@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from kevin_env_fakes import EvaluatorFake, ScriptedPolicyFake, chatml_tokenizer, scripted_answer
 
-from kevin_jax.env.episode import (EnvConfig, EpisodeRunner, Trajectory, load_trajectories, reevaluate, rescore,
-                                   round_seed, save_trajectories)
+from kevin_jax.env.episode import (EnvConfig, EpisodeRunner, Trajectory, load_trajectories, reevaluate, round_seed,
+                                   save_trajectories)
 from kevin_jax.env.policy import Generation
 from kevin_jax.env.prompts import PromptTooLongError
-from kevin_jax.rl.scores import RewardConfig, discounted_returns
+from kevin_jax.env.reward import RewardConfig
+from kevin_jax.rl.advantages import assign_returns, discounted_returns, rescore
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
 TASKS = load_builtin_tasks()
@@ -100,6 +101,7 @@ def test_tokens_logprobs_scores_returns_and_advantages():
     runner, policy, _ = make_runner(kevin_like_script())
     trajs = runner.run(tasks()).trajectories
     reward = RewardConfig()
+    assign_returns(trajs, reward)
     for traj in trajs:
         assert [t.score for t in traj.turns] == pytest.approx([0.0, 1.1, 1.8])
         np.testing.assert_allclose([t.return_ for t in traj.turns], discounted_returns([0.0, 1.1, 1.8], reward))
@@ -190,6 +192,7 @@ def test_length_limit_inside_the_thought_is_a_format_failure():
 def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
     runner, _, _ = make_runner(kevin_like_script())
     trajs = runner.run(tasks()).trajectories
+    assign_returns(trajs, RewardConfig())
     path = tmp_path / "traj.jsonl"
     save_trajectories(path, trajs[:5])
     save_trajectories(path, trajs[5:], append=True)
@@ -292,7 +295,7 @@ def test_rollout_scalars_count_contended_timings_among_timed_kernels():
 
 def test_rollout_scalars_report_each_turns_mean_advantage():
     """rollout/turn{i}/advantage_mean shows a turn pushed down on average (reward.baseline="mean": the last turn)."""
-    from kevin_jax.env.episode import Turn, assign_returns
+    from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import rollout_scalars
 
     def turn(i, correct):

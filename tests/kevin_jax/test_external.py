@@ -9,10 +9,10 @@ import pytest
 from kevin_env_fakes import EvaluatorFake
 
 from cuda_eval.api import EvalConfig, Evaluator
+from kevin_jax.env.reward import RewardConfig
 from kevin_jax.evaluation import pipeline
 from kevin_jax.evaluation.external import evaluate_external, load_external
 from kevin_jax.evaluation.metrics import compute_metrics
-from kevin_jax.rl.scores import RewardConfig
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from kevin_jax.rl.scores import (RewardConfig, counts_as_correct, discounted_returns, group_advantages, kernel_score,
-                                 normalized_advantages)
+from kevin_jax.env.reward import RewardConfig, counts_as_correct, kernel_score
+from kevin_jax.rl.advantages import discounted_returns, group_advantages, normalized_advantages
 
 
 def verdict(correct=True, speedup=1.3, **kw):

@@ -20,11 +20,11 @@ from cuda_eval.api import EvalResult
 from kevin_jax import parallel, policy_init, sft
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner
 from kevin_jax.env.prompts import PromptRenderer
+from kevin_jax.env.reward import RewardConfig
 from kevin_jax.model import qwen2, shapes
 from kevin_jax.model.tokenizer import load_tokenizer
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl.loss import RLConfig
-from kevin_jax.rl.scores import RewardConfig
 from kevin_jax.sft import WarmStartConfig, warm_start_examples
 from kevin_jax.tasks import TasksConfig, builtin_solutions, load_tasks
 

@@ -1,7 +1,6 @@
-"""What each turn is worth: kernel scores, multi-turn returns and per-task normalised advantages (Kevin).
+"""What each turn is worth to the update: multi-turn returns and per-task normalised advantages (Kevin), from the
+scores the environment gives each turn (kevin_jax.env.reward).
 
-- Score of one kernel: S = w * correct + f(speedup) * correct, w = 0.3, f = identity by default; 0 for a format
-  failure or any hack flag (a flagged kernel is not correct, whatever the trials said).
 - Return of turn t of a trajectory: R_t = sum_{i>=t} gamma^(i-t) S_i ("sum", gamma = 0.4 in Kevin) or
   R_t = max_{i>=t} gamma^(i-t) S_i ("max"); "single_turn" makes every turn its own sample (R_t = S_t).
 - Advantages: per task, over all turn-samples of all its trajectories (16 x 4 = 64 in Kevin): (R - baseline) / std,
@@ -12,87 +11,16 @@
   every step of the demo runs, while last-turn kernels got worse: docs/LOG.md, "Kevin's one baseline for all turns
   pushes the last turn down at every step"). A per-turn baseline removes
   that offset and keeps the std (the step size) of the whole task.
-Pure numpy on plain data: verdicts are `EvalResult.to_dict()` dicts (or anything with the same attributes), so saved
-trajectories can be re-scored without the evaluator.
+Pure numpy on plain data, so saved trajectories can be re-scored without the evaluator (`rescore`).
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-SPEEDUP_TRANSFORMS = ("identity", "log", "clip")
-AGGREGATIONS = ("sum", "max", "single_turn")
-BASELINES = ("mean", "leave_one_out", "turn_mean")
-
-
-@dataclasses.dataclass
-class RewardConfig:
-    """Rewards, returns and advantages (config section `reward`).
-
-    correct_weight: w in S = w * correct + f(speedup) * correct (Kevin: 0.3).
-    speedup_transform: f: "identity" (Kevin), "log" (natural log of the speedup; negative below 1x), or "clip"
-      (min(speedup, speedup_clip)).
-    speedup_clip: the cap of "clip".
-    gamma: discount of later turns in the return (Kevin: 0.4).
-    aggregation: "sum" (Kevin) or "max" over discounted later scores, or "single_turn" (R_t = S_t).
-    normalize_std: divide advantages by the per-task std of returns (Kevin: yes; Dr. GRPO: no).
-    baseline: "mean" of the task's returns (Kevin), "leave_one_out" (the mean of the other samples), or "turn_mean"
-      (the mean of the task's samples at the same turn; see the module docstring).
-    std_eps: added to the std before dividing.
-    """
-    correct_weight: float = 0.3
-    speedup_transform: str = "identity"
-    speedup_clip: float = 10.0
-    gamma: float = 0.4
-    aggregation: str = "sum"
-    normalize_std: bool = True
-    baseline: str = "mean"
-    std_eps: float = 1e-6
-
-    def __post_init__(self):
-        if self.speedup_transform not in SPEEDUP_TRANSFORMS:
-            raise ValueError(f"reward.speedup_transform must be one of {SPEEDUP_TRANSFORMS}, got "
-                             f"{self.speedup_transform!r}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"reward.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-        if self.baseline not in BASELINES:
-            raise ValueError(f"reward.baseline must be one of {BASELINES}, got {self.baseline!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"reward.gamma must be in [0, 1], got {self.gamma}")
-        if self.speedup_clip <= 0:
-            raise ValueError(f"reward.speedup_clip must be positive, got {self.speedup_clip}")
-
-
-def _get(verdict: Any, key: str, default=None):
-    if isinstance(verdict, Mapping):
-        return verdict.get(key, default)
-    return getattr(verdict, key, default)
-
-
-def counts_as_correct(verdict: Any) -> bool:
-    """Correct, well formed and with no hack flag."""
-    return (_get(verdict, "correct") is True and _get(verdict, "format_ok", True) is True
-            and not _get(verdict, "hack_flags"))
-
-
-def transform_speedup(speedup: float | None, config: RewardConfig) -> float:
-    """f(speedup); a missing or non-finite speedup contributes 0 (correctness is still credited)."""
-    if speedup is None or not math.isfinite(speedup) or speedup <= 0:
-        return 0.0
-    if config.speedup_transform == "log":
-        return math.log(speedup)
-    if config.speedup_transform == "clip":
-        return min(speedup, config.speedup_clip)
-    return float(speedup)
-
-
-def kernel_score(verdict: Any, config: RewardConfig) -> float:
-    if not counts_as_correct(verdict):
-        return 0.0
-    return config.correct_weight + transform_speedup(_get(verdict, "speedup"), config)
+from kevin_jax.env.episode import Trajectory
+from kevin_jax.env.reward import RewardConfig, turn_score
 
 
 def discounted_returns(scores: Sequence[float], config: RewardConfig) -> np.ndarray:
@@ -154,4 +82,28 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], confi
         index.setdefault(g, []).append(i)
     for idx in index.values():
         out[idx] = normalized_advantages(r[idx], config, None if turns is None else [turns[i] for i in idx])
+    return out
+
+
+def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
+                   score_of: Callable[[Any], float] | None = None) -> None:
+    """Fills score, return and advantage of every turn in place: each turn scored from its saved parse and verdict
+    (the environment's turn_score, or `score_of(turn)`, e.g. compile-only runs), returns within each trajectory,
+    advantages over all turn-samples of the same task."""
+    returns, groups, turns = [], [], []
+    for traj in trajectories:
+        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, config) for t in traj.turns]
+        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, config)):
+            t.score, t.return_ = float(s), float(r)
+            returns.append(r)
+            groups.append(traj.task_id)
+            turns.append(t)
+    for t, a in zip(turns, group_advantages(returns, groups, config, [t.turn for t in turns])):
+        t.advantage = float(a)
+
+
+def rescore(trajectories: Sequence[Trajectory], config: RewardConfig) -> list[Trajectory]:
+    """Copies of the trajectories, re-scored from their saved verdicts under `config` (no evaluator needed)."""
+    out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
+    assign_returns(out, config)
     return out

@@ -1,0 +1,92 @@
+"""The reward of one turn: Kevin's kernel score, and the `reward` config section.
+
+- Score of one kernel: S = w * correct + f(speedup) * correct, w = 0.3, f = identity by default; 0 for a format
+  failure (seen by our parse or by the evaluator) or any hack flag (a flagged kernel is not correct, whatever the
+  trials said).
+The environment scores every turn it plays; returns and advantages are RL's (kevin_jax.rl.advantages, configured by
+the same section). Pure Python on plain data: verdicts are `EvalResult.to_dict()` dicts (or anything with the same
+attributes), so saved trajectories can be re-scored without the evaluator.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+SPEEDUP_TRANSFORMS = ("identity", "log", "clip")
+AGGREGATIONS = ("sum", "max", "single_turn")
+BASELINES = ("mean", "leave_one_out", "turn_mean")
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """Rewards, returns and advantages (config section `reward`).
+
+    correct_weight: w in S = w * correct + f(speedup) * correct (Kevin: 0.3).
+    speedup_transform: f: "identity" (Kevin), "log" (natural log of the speedup; negative below 1x), or "clip"
+      (min(speedup, speedup_clip)).
+    speedup_clip: the cap of "clip".
+    gamma: discount of later turns in the return (Kevin: 0.4).
+    aggregation: "sum" (Kevin) or "max" over discounted later scores, or "single_turn" (R_t = S_t).
+    normalize_std: divide advantages by the per-task std of returns (Kevin: yes; Dr. GRPO: no).
+    baseline: "mean" of the task's returns (Kevin), "leave_one_out" (the mean of the other samples), or "turn_mean"
+      (the mean of the task's samples at the same turn; see kevin_jax.rl.advantages).
+    std_eps: added to the std before dividing.
+    """
+    correct_weight: float = 0.3
+    speedup_transform: str = "identity"
+    speedup_clip: float = 10.0
+    gamma: float = 0.4
+    aggregation: str = "sum"
+    normalize_std: bool = True
+    baseline: str = "mean"
+    std_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.speedup_transform not in SPEEDUP_TRANSFORMS:
+            raise ValueError(f"reward.speedup_transform must be one of {SPEEDUP_TRANSFORMS}, got "
+                             f"{self.speedup_transform!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"reward.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"reward.baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"reward.gamma must be in [0, 1], got {self.gamma}")
+        if self.speedup_clip <= 0:
+            raise ValueError(f"reward.speedup_clip must be positive, got {self.speedup_clip}")
+
+
+def _get(verdict: Any, key: str, default=None):
+    if isinstance(verdict, Mapping):
+        return verdict.get(key, default)
+    return getattr(verdict, key, default)
+
+
+def counts_as_correct(verdict: Any) -> bool:
+    """Correct, well formed and with no hack flag."""
+    return (_get(verdict, "correct") is True and _get(verdict, "format_ok", True) is True
+            and not _get(verdict, "hack_flags"))
+
+
+def transform_speedup(speedup: float | None, config: RewardConfig) -> float:
+    """f(speedup); a missing or non-finite speedup contributes 0 (correctness is still credited)."""
+    if speedup is None or not math.isfinite(speedup) or speedup <= 0:
+        return 0.0
+    if config.speedup_transform == "log":
+        return math.log(speedup)
+    if config.speedup_transform == "clip":
+        return min(speedup, config.speedup_clip)
+    return float(speedup)
+
+
+def kernel_score(verdict: Any, config: RewardConfig) -> float:
+    if not counts_as_correct(verdict):
+        return 0.0
+    return config.correct_weight + transform_speedup(_get(verdict, "speedup"), config)
+
+
+def turn_score(parsed: Mapping, verdict: Mapping, config: RewardConfig) -> float:
+    """0 for a format failure seen by either side (our parse or the evaluator), else the kernel score."""
+    if parsed.get("format_error") is not None:
+        return 0.0
+    return kernel_score(verdict, config)
