@@ -17,28 +17,26 @@ Ablation switches are plain overrides, e.g.:
 from ml_collections import ConfigDict, config_dict
 
 
-def base() -> ConfigDict:
+def defaults() -> ConfigDict:
+    """Every section with exactly the fields and default values of the dataclass that reads it. The dataclasses are
+    the one source of defaults; they import jax, which a config must not, so their values are written out here and
+    tests/kevin_jax/test_configs.py fails when the two differ."""
     c = ConfigDict()
-    c.seed = 0
-    c.total_steps = 100
-    # "step:tokens,...": env.max_response_tokens from that step on (Kevin: 16k, then 22k from step 30).
-    c.response_schedule = ""
-
     c.model = ConfigDict(dict(
-        shape="", hf_checkpoint="",                         # exactly one: a named shape (random init) or HF dir
+        shape="tiny", hf_checkpoint="",                     # exactly one: a named shape (random init) or HF dir
         dtype="bfloat16", param_dtype="float32", remat="full", attention="auto", attention_chunk=512,
         matmul_precision="default", scan_layers=True))
     c.tokenizer = ConfigDict(dict(path=""))                 # "" = built-in, "model" = the checkpoint's own
     c.tasks = ConfigDict(dict(kernelbench_dir="", parquet="", levels=(1, 2), split_file="", holdout_fraction=0.1,
                               split_seed=0))
-    c.env = ConfigDict(dict(num_turns=4, num_trajectories=16, max_prompt_tokens=16384, max_response_tokens=16384,
+    c.env = ConfigDict(dict(num_turns=4, num_trajectories=16, max_prompt_tokens=8192, max_response_tokens=16384,
                             early_stop="never", gpu_name="NVIDIA H100", one_shot=True, max_summary_chars=2000))
     c.reward = ConfigDict(dict(correct_weight=0.3, speedup_transform="identity", speedup_clip=10.0, gamma=0.4,
                                aggregation="sum", normalize_std=True, baseline="mean", std_eps=1e-6))
     c.sampler = ConfigDict(dict(
-        temperature=0.9, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(), stop_strings=(), max_slots=128,
-        max_seq_len=40960, page_size=16, num_pages=0, kv_cache_fraction=0.3, decode_steps=32, refill_fraction=0.125,
-        prefill_tokens=8192, prefill_chunk=2048, prefix_sharing=True, attention="auto", attention_block_tokens=0,
+        temperature=0.9, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(), stop_strings=(), max_slots=64,
+        max_seq_len=32768, page_size=16, num_pages=0, kv_cache_fraction=0.5, decode_steps=32, refill_fraction=0.125,
+        prefill_tokens=4096, prefill_chunk=1024, prefix_sharing=True, attention="auto", attention_block_tokens=0,
         attention_split_tokens=0, attention_warps=0, attention_stages=0, layer_loop="unrolled", layer_unroll=1))
     c.eval = ConfigDict(dict(
         profile="kevin",  # cuda_eval/profiles.py: "kernelbench" scores as KernelBench does
@@ -71,4 +69,27 @@ def base() -> ConfigDict:
     c.warm_start = ConfigDict(dict(steps=0, learning_rate=1e-3, batch_size=8, corpus="", solution_tasks="",
                                    answer_every_prompt=False))
     c.debug = ConfigDict(dict(kill_at_phase="", kill_at_step=-1))
+    return c
+
+
+def base() -> ConfigDict:
+    """Kevin-32B's recipe: the defaults, and where the recipe departs from them on purpose."""
+    c = defaults()
+    c.seed = 0
+    c.total_steps = 100
+    # "step:tokens,...": env.max_response_tokens from that step on (Kevin: 16k, then 22k from step 30).
+    c.response_schedule = ""
+    # The recipe's policy is an HF checkpoint (QwQ-32B; --config.model.hf_checkpoint), not a random init.
+    c.model.shape = ""
+    # Refinement prompts carry up to three earlier attempts (code, summary, feedback) of KernelBench programs.
+    c.env.max_prompt_tokens = 16384
+    # The sampler sized for the recipe (the dataclass defaults suit small runs and tests): Kevin's 8 tasks x 16
+    # trajectories decode together, within QwQ's 40k context (>= the prompt budget + 22k responses), long prompts
+    # prefill in fewer, larger calls, and the KV pool takes a smaller share of the free GPU memory (the GPU is shared
+    # with cuda_eval's workers).
+    c.sampler.max_slots = 128
+    c.sampler.max_seq_len = 40960
+    c.sampler.prefill_tokens = 8192
+    c.sampler.prefill_chunk = 2048
+    c.sampler.kv_cache_fraction = 0.3
     return c

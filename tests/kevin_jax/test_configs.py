@@ -43,6 +43,42 @@ def test_every_field_of_every_section_is_in_the_config(name):
     run_config.parse_config(_with_checkpoint(config))
 
 
+def _default(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def test_config_defaults_are_the_dataclass_defaults():
+    """configs/common.py's defaults() holds every field of every section with its dataclass default, value and type
+    (a 1 where the dataclass has 1.0 would also refuse --config...=0.5): the dataclasses are the one source."""
+    from configs import common
+
+    defaults = common.defaults()
+    assert set(defaults.keys()) == set(run_config.SECTIONS)
+    drift = []
+    for section, types in run_config.SECTIONS.items():
+        assert set(defaults[section].keys()) == {f.name for t in types for f in dataclasses.fields(t)}, section
+        for t in types:
+            for f in dataclasses.fields(t):
+                want, got = _default(f), defaults[section][f.name]
+                if got != want or type(got) is not type(want):
+                    drift.append(f"{section}.{f.name}: {t.__name__} says {want!r}, configs/common.py {got!r}")
+    assert not drift, "configs/common.py defaults() differs from the dataclasses:\n" + "\n".join(drift)
+
+
+def test_the_recipe_departs_from_the_defaults_only_where_it_says_so():
+    """base() is defaults() plus Kevin-32B's deliberate departures, each commented in configs/common.py; a new one
+    belongs there with its reason, and here."""
+    from configs import common
+
+    defaults, recipe = common.defaults(), common.base()
+    departures = {(s, k) for s in run_config.SECTIONS for k in defaults[s].keys() if recipe[s][k] != defaults[s][k]}
+    assert departures == {("model", "shape"), ("env", "max_prompt_tokens"), ("sampler", "max_slots"),
+                          ("sampler", "max_seq_len"), ("sampler", "prefill_tokens"), ("sampler", "prefill_chunk"),
+                          ("sampler", "kv_cache_fraction")}
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_docstring_gives_the_command(name):
     text = (REPO / "configs" / f"{name}.py").read_text()
