@@ -16,7 +16,6 @@ import logging
 import os
 from typing import Any, Mapping
 
-import jax
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
@@ -39,11 +38,6 @@ class CheckpointConfig:
             raise ValueError(f"ckpt.every_steps must be positive, got {self.every_steps}")
         if self.max_to_keep < 0:
             raise ValueError(f"ckpt.max_to_keep must be >= 0 (0 = keep all), got {self.max_to_keep}")
-
-
-def abstract_like(tree: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) of a tree of arrays: the restore target."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 class Checkpointer:

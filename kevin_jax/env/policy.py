@@ -6,9 +6,8 @@ trajectories. Tests use a scripted fake (`ScriptedPolicyFake`, in the tests) tha
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
-StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS = ("eos", "stop", "length")
 
 

@@ -57,10 +57,6 @@ class Qwen2Config:
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
 
-    @property
-    def q_per_kv(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
     def replace(self, **changes) -> "Qwen2Config":
         return dataclasses.replace(self, **changes)
 
