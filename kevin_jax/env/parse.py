@@ -1,6 +1,6 @@
 """Reading a model response: the thought, the answer's code block and the summary.
 
-Rules (decided here; tests in tests/kevin_jax/test_parse.py):
+Rules (decided here; tests in tests/kevin_jax/env/test_parse.py):
 - Thought: the text inside <think>…</think>. QwQ's chat template ends the generation prompt with "<think>\\n", so
   the response usually starts inside the thought and only has the closing tag: text before the first "</think>"
   (with no "<think>" before it) is the thought. With no tags at all, the whole response is an unterminated thought

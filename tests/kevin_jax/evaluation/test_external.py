@@ -15,7 +15,7 @@ from kevin_jax.evaluation.external import evaluate_external, load_external
 from kevin_jax.evaluation.metrics import compute_metrics
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 from configs import tiny_cpu  # noqa: E402
 

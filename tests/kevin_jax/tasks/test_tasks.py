@@ -16,7 +16,7 @@ from kevin_jax.tasks import (Split, Task, TasksConfig, builtin_solutions, defaul
                              save_split, select)
 from kevin_jax.tasks.kernelbench import normalise_source, reference_problems
 
-SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "kernelbench_layout"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "kernelbench_layout"
 GOOD = textwrap.dedent("""\
     import torch
     import torch.nn as nn

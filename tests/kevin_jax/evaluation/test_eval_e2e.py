@@ -18,7 +18,7 @@ from kevin_jax.evaluation.pipeline import EvalOptions
 from kevin_jax.logs import read_scalars
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))          # config files import configs.common, as under launch/eval.py
 from configs import tiny_cpu  # noqa: E402
 

@@ -267,7 +267,7 @@ def test_scripted_policy_with_the_real_evaluator_gives_the_expected_verdicts(tmp
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "env_scripted.py"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "env_scripted.py"
     out = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "env.json"), "--tasks",
                           "L1/1_LeakyReLU,L1/8_CrossEntropyLoss,L2/5_Conv2d_BatchNorm_Scaling"],
                          capture_output=True, text=True, timeout=1200, env=dict(os.environ))
