@@ -12,6 +12,9 @@
         --config.eval.atol=1e-3
     python launch/eval.py --config=... --export_prompts=/tmp/prompts.jsonl        # give these to another model
     python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other
+    # the same answers under Kevin's rules and KernelBench's (cuda_eval/profiles.py), tables side by side
+    python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other \
+        --profiles=kevin,kernelbench
     # test-time beam search: keep the 4 best of 16 trajectories after every turn, copy each 4 times
     python launch/eval.py --config=... --checkpoint=... --out=... --beam_width=4 --beam_block_turns=1
 
@@ -50,6 +53,9 @@ _BEAM_BLOCK = flags.DEFINE_integer("beam_block_turns", 1, "Beam search: turns be
 _COMPILE = flags.DEFINE_bool("torch_compile_baseline", False, "Also report speedups over torch.compile(reference).")
 _EXPORT = flags.DEFINE_string("export_prompts", "", "Write the selected tasks' first-turn prompts here and stop.")
 _TITLE = flags.DEFINE_string("title", "", "Report title.")
+_PROFILES = flags.DEFINE_list("profiles", [], "Score under each of these evaluation profiles (cuda_eval/profiles.py, "
+                              "e.g. kevin,kernelbench): one evaluation per profile in <out>/<profile>/, their tables "
+                              "printed side by side. With --external or --reevaluate (the same answers each time).")
 
 
 def _ints(values, name):
@@ -57,6 +63,33 @@ def _ints(values, name):
         return tuple(int(v) for v in values)
     except ValueError:
         raise app.UsageError(f"--{name} takes comma-separated integers, got {values}") from None
+
+
+def _run_profiles(config, options, names):
+    """The same answers scored under each profile, then the tables side by side."""
+    import copy
+    import dataclasses
+
+    from cuda_eval import profiles
+    from kevin_jax.evaluation import pipeline, report
+    for name in names:
+        profiles.get(name)                      # an unknown name fails before any work
+    if not (options.external or options.reevaluate):
+        raise ValueError("--profiles scores saved answers: give --external or --reevaluate")
+    if not options.out_dir:
+        raise ValueError("an output directory is required (--out)")
+    tables = {}
+    for name in names:
+        cfg = copy.deepcopy(config)
+        cfg.eval.profile = name
+        out_dir = os.path.join(options.out_dir, name)
+        pipeline.run(cfg, dataclasses.replace(options, out_dir=out_dir))
+        with open(os.path.join(out_dir, "table.txt")) as f:
+            tables[f"profile {name}"] = f.read()
+    text = report.side_by_side(tables)
+    with open(os.path.join(options.out_dir, "profiles.txt"), "w") as f:
+        f.write(text)
+    print(text)
 
 
 def main(argv):
@@ -78,6 +111,8 @@ def main(argv):
             torch_compile_baseline=_COMPILE.value, export_prompts=_EXPORT.value, title=_TITLE.value)
         if options.export_prompts:
             pipeline.export_prompts(config, options)
+        elif _PROFILES.value:
+            _run_profiles(config, options, _PROFILES.value)
         else:
             pipeline.run(config, options)
     except (ValueError, FileNotFoundError) as e:      # bad input: the message says what to change

@@ -151,6 +151,17 @@ def render(metrics: Mapping[str, Any], title: str = "evaluation", notes: Iterabl
 
 
 # ------------------------------------------------------------------------------------------------ JSON, TensorBoard
+def side_by_side(columns: Mapping[str, str], gap: int = 4) -> str:
+    """Texts (e.g. one evaluation table per profile) as columns under their names, line by line."""
+    blocks = [[name, "=" * len(name)] + text.rstrip("\n").split("\n") for name, text in columns.items()]
+    widths = [max(map(len, b)) for b in blocks]
+    lines = []
+    for i in range(max(map(len, blocks), default=0)):
+        cells = [(b[i] if i < len(b) else "").ljust(w) for b, w in zip(blocks, widths)]
+        lines.append((" " * gap).join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
 def write_json(path: str | Path, payload: Mapping[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -247,3 +247,13 @@ def test_accepts_trajectory_objects():
         objects.append(Trajectory.from_dict(full))
     assert compute_metrics(objects)["summary"] == compute_metrics(hand_example())["summary"]
     assert math.isclose(compute_metrics(objects)["summary"]["correct"]["best@2"], 11 / 12)
+
+
+def test_tables_side_by_side():
+    from kevin_jax.evaluation.report import side_by_side
+    text = side_by_side({"profile kevin": "correct 40%\nfast_1 10%", "profile kernelbench": "correct 75%"})
+    lines = text.splitlines()
+    assert lines[0].startswith("profile kevin") and lines[0].endswith("profile kernelbench")
+    assert lines[2].startswith("correct 40%") and lines[2].endswith("correct 75%")
+    assert lines[3] == "fast_1 10%"
+    assert lines[0].index("profile kernelbench") == lines[2].index("correct 75%")
