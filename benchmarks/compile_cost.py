@@ -154,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--pch", default="sync", choices=("sync", "background", "off"),
                     help="sync: the default flag set's PCH is built before the clock starts")
+    ap.add_argument("--no-glue-binding", action="store_true",
+                    help="main.cpp exactly as load_inline writes it (the baseline of the glue + binding build)")
     ap.add_argument("--json", default="", help="write the per-candidate rows here")
     ap.add_argument("--keep-cache", default="", help="use (and keep) this cache dir instead of a fresh one")
     args = ap.parse_args(argv)
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
     try:
         cfg = CompileConfig(workers=args.workers, arch=args.arch, cache_dir=cache_dir,
                             work_root=os.path.join(root, "work"), pch=args.pch, record_timeout_s=300,
-                            compile_timeout_s=1800)
+                            compile_timeout_s=1800, glue_binding=not args.no_glue_binding)
         t0, c0 = time.monotonic(), _children_cpu()
         pool = CompilePool(cfg)
         setup = {"wall_s": round(time.monotonic() - t0, 2), "children_cpu_s": round(_children_cpu() - c0, 2)}
@@ -182,8 +184,12 @@ def main(argv=None) -> int:
                 hits = sum(1 for m in o.timings.get("modules", []) if m.get("cache_hit"))
                 row = {"id": c["id"], "ok": o.ok, "error_kind": o.error_kind, "counted": not missing,
                        "missing_cuda_headers": missing, "cache_hits": hits, "cpu": cost(o),
-                       "wall_s": o.timings.get("wall_s"), "header_modes": [m.get("header_mode") for m in
-                                                                            o.timings.get("modules", [])]}
+                       "wall_s": o.timings.get("wall_s"),
+                       "header_modes": [m.get("header_mode") for m in o.timings.get("modules", [])],
+                       "binding_modes": [m.get("binding_mode") for m in o.timings.get("modules", [])],
+                       "binding_failures": [m.get("binding_failure") for m in o.timings.get("modules", [])],
+                       "binding_cached": sum(1 for m in o.timings.get("modules", []) for p in m.get("phases", [])
+                                             if p["name"] == "binding.o (cached)")}
                 rows.append(row)
                 print(f"  {c['id']:58s} {'ok' if o.ok else o.error_kind:16s} {sum(row['cpu'].values()):6.1f} CPU-s"
                       f"{'  (no CUDA headers here: not counted)' if missing else ''}"
@@ -204,6 +210,12 @@ def main(argv=None) -> int:
         kinds[r["error_kind"] or "ok"] = kinds.get(r["error_kind"] or "ok", 0) + 1
     print(f"Counted {len(counted)} of {len(rows)} candidates ({len(rows) - len(counted)} need CUDA headers this "
           f"machine lacks); outcomes: {', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}.")
+    modes: dict[str, int] = {}
+    for r in counted:
+        for m in r["binding_modes"]:
+            modes[m or "none"] = modes.get(m or "none", 0) + 1
+    print(f"main.cpp built as: {', '.join(f'{k} {v}' for k, v in sorted(modes.items()))}; binding objects from the "
+          f"cache: {sum(r['binding_cached'] for r in counted)}.")
     print(f"Measured with {args.workers} workers: {len(rows)} candidates in {wall:.1f} s wall = "
           f"{3600 * len(rows) / wall:,.0f} candidates/hour on this machine ({os.cpu_count()} cores).")
     print(f"CPU over the run: child processes {children:.1f} s (phases account for {attributed:.1f} s; not in any "

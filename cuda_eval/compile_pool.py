@@ -64,6 +64,8 @@ class CompileConfig:
     parallel_phases: bool = True                 # nvcc host/device chains in parallel
     pch: str = "background"                      # "background" | "sync" (build before first use) | "off"
     object_cache: bool = True                    # reuse main.o/cuda.o of identical sources
+    glue_binding: bool = True                    # main.cpp without torch headers + a binding object shared by
+                                                 # signature (verified, with fallback; build.glue_plan)
     host_opt_level: str | None = None            # None: the candidate's own flags; "-O1" etc. overrides host code
     record_address_space_bytes: int = 16 << 30   # RLIMIT_AS of the record process (a CUDA torch maps GBs of libs)
     record_processes: int = 128                  # RLIMIT_NPROC (threads count) of the record process
@@ -133,6 +135,7 @@ class CompilePool:
         limits = dataclasses.replace(BuildConfig().limits, address_space_bytes=config.compile_address_space_bytes)
         self.build_config = BuildConfig(light_headers=config.light_headers, parallel_phases=config.parallel_phases,
                                         use_pch=config.pch != "off", object_cache=config.object_cache,
+                                        glue_binding=config.glue_binding,
                                         host_opt_level=config.host_opt_level, max_log_chars=config.max_log_chars,
                                         max_errors=config.max_errors, limits=limits)
         self.builder = Builder(self.toolchain, self.cache, config=self.build_config, pch_store=self.pch_store,
@@ -212,6 +215,8 @@ class CompilePool:
                 if result is not None:
                     module_timings.append({"name": spec.name, "build_s": result.build_s,
                                            "header_mode": result.header_mode, "light_failure": result.light_failure,
+                                           "binding_mode": result.binding_mode,
+                                           "binding_failure": result.binding_failure,
                                            "phases": [p.to_dict() for p in result.phases]})
                 else:
                     module_timings.append({"name": spec.name, "build_s": 0.0, "cache_hit": True})

@@ -81,6 +81,68 @@ def test_light_header_eligibility(toolchain):
         assert text is None and why.startswith("uses"), src
 
 
+
+# --- main.cpp as glue unit + shared binding object -------------------------------------------------------------------
+def glue(cpp, functions=("f",), **kw):
+    return spec_from_load_inline(name="ext", cpp_sources=cpp, cuda_sources="__global__ void k() {}",
+                                 functions=list(functions), **kw)
+
+
+def test_glue_plan_reads_plain_declarations(toolchain):
+    cpp = ("#include <torch/extension.h>\n// entry points\n"
+           "torch::Tensor f(torch::Tensor x, const at::Tensor& y, double s, int64_t n = 3);\n"
+           "std::vector<torch::Tensor> g(std::vector<torch::Tensor> xs, bool flag);")
+    plan, why = bd.glue_plan(glue(cpp, ("f", "g")), toolchain)
+    assert why == "" and plan.signatures == (
+        "::at::Tensor (*)(::at::Tensor, const ::at::Tensor &, double, ::std::int64_t)",
+        "::std::vector < ::at::Tensor > (*)(::std::vector < ::at::Tensor >, bool)")
+    # the candidate's lines are kept verbatim (their own #line), only the torch include is swapped for the prelude
+    assert '#line 1 "cpp_sources[0]"' in plan.glue_text and "torch/extension.h" not in plan.glue_text
+    assert f'#include "{bd.GLUE_PRELUDE}"' in plan.glue_text
+    assert 'static_assert(::std::is_same<decltype(&f), ::at::Tensor (*)(' in plan.glue_text
+    assert "PyInit_ext()" in plan.glue_text and "PyInit_ext" not in plan.binding_text  # no extension named there
+    assert plan.binding_text.startswith("#include <torch/extension.h>\n")
+    assert "m.def(kj_names[1], torch::wrap_pybind_function(*reinterpret_cast<kj_sig_1>(kj_fns[1])), kj_docs[1]);" \
+        in plan.binding_text
+    # the same signatures share one binding (and its key), whatever the names; the error-handling mode does not
+    other, _ = bd.glue_plan(spec_from_load_inline(name="other", cpp_sources=cpp.replace(" f(", " h(").replace(
+        " g(", " i("), cuda_sources="", functions=["h", "i"]), toolchain)
+    assert other.key == plan.key and other.binding_text == plan.binding_text
+    plain, _ = bd.glue_plan(glue(cpp, ("f", "g"), with_pytorch_error_handling=False), toolchain)
+    assert plain.key != plan.key and "m.def(kj_names[0], *reinterpret_cast<kj_sig_0>(kj_fns[0]), kj_docs[0]);" \
+        in plain.binding_text
+
+
+@pytest.mark.parametrize("cpp, functions", [
+    ("torch::Tensor f(torch::Tensor x) { return x; }", ("f",)),                 # a body needs the real headers
+    ("#define T torch::Tensor\nT f(T x);", ("f",)),                              # macros: names could change meaning
+    ("using namespace torch;\nTensor f(Tensor x);", ("f",)),                     # lookup could find torch's names
+    ("namespace k { torch::Tensor f(torch::Tensor x); }", ("f",)),
+    ("template <class T> T f(T x);", ("f",)),
+    ("torch::Tensor f(torch::Tensor x);\ntorch::Tensor f(torch::Tensor x, double s);", ("f",)),  # overloaded
+    ("c10::optional<torch::Tensor> f(torch::Tensor x);", ("f",)),               # a type we do not know
+    ("MyType f(torch::Tensor x);", ("f",)),
+    ("torch::Tensor f(torch::Tensor x);", ("g",)),                              # never declared
+    ("static torch::Tensor f(torch::Tensor x);", ("f",)),
+    ("#include <ATen/ATen.h>\ntorch::Tensor f(torch::Tensor x);", ("f",)),     # any other header
+    ("torch::Tensor f(torch::Tensor x); // TORCH_CHECK below\nint n = AT_X;", ("f",)),
+    ("torch::Tensor f(torch::Tensor x);", ("f", "f\" ")),                       # not an identifier
+])
+def test_glue_plan_refuses_what_could_differ(toolchain, cpp, functions):
+    plan, why = bd.glue_plan(glue(cpp, functions), toolchain)
+    assert plan is None and why, cpp
+
+
+def test_glue_plan_refuses_odd_modules_and_docstrings(toolchain):
+    cpp = "torch::Tensor f(torch::Tensor x);"
+    for kw in ({"no_implicit_headers": True}, {"is_python_module": False}, {"extra_include_paths": ["/tmp"]}):
+        assert bd.glue_plan(glue(cpp, **kw), toolchain)[0] is None, kw
+    quoted = spec_from_load_inline(name="ext", cpp_sources=cpp, functions={"f": 'say "hi"'})
+    assert bd.glue_plan(quoted, toolchain)[0] is None
+    import dataclasses
+    assert bd.glue_plan(glue(cpp), dataclasses.replace(toolchain, headers_use_extension_name=True))[0] is None
+
+
 # --- logs --------------------------------------------------------------------------------------------------------------
 NVCC_LOG = """In file included from /work/build/cuda.cu:1:
 /work/build/cuda_sources[0](9): error: expected a ";"
@@ -262,3 +324,80 @@ def test_sources_stay_ours_and_the_product_is_a_copy(toolchain, sandbox_tmp):
     assert open(result.so_path, "rb").read() == (root / "out" / "layout.so").read_bytes()
     assert os.stat(result.so_path).st_ino != os.stat(root / "out" / "layout.so").st_ino
     assert import_extension("layout", result.so_path).two() == 2
+
+
+
+GLUE_CPP = ("#include <torch/extension.h>\n"
+            "torch::Tensor axpy(torch::Tensor a, torch::Tensor b, double s);\n"
+            "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n);\n")
+GLUE_CU = ("torch::Tensor axpy(torch::Tensor a, torch::Tensor b, double s) {\n"
+           "    TORCH_CHECK(a.sizes() == b.sizes(), \"size mismatch\");\n"
+           "    return a + b * s;\n"
+           "}\n"
+           "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n) { return {x * n, x + n}; }\n")
+GLUE_PROBE = r"""
+import json, sys, torch
+from cuda_eval.candidate import import_extension
+m = import_extension("glue_ext", sys.argv[1])
+out = {"name": m.__name__, "module": m.axpy.__module__, "docs": [m.axpy.__doc__, m.pair.__doc__],
+       "names": sorted(n for n in dir(m) if not n.startswith("__")),
+       "axpy": m.axpy(torch.ones(3), torch.ones(3), 2.0).tolist(), "pair": [t.tolist() for t in m.pair(torch.ones(2), 3)]}
+errors = []
+for call in (lambda: m.axpy(torch.ones(3), torch.ones(4), 2.0), lambda: m.axpy(1, 2, 3),
+             lambda: m.pair(torch.ones(2), 1.5), lambda: m.axpy(torch.ones(2), torch.ones(2), s=1.0)):
+    try:
+        call()
+        errors.append(None)
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}".replace(sys.argv[1], "SO"))
+out["errors"] = errors
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.nvcc
+def test_glue_binding_behaves_as_load_inlines_main_cpp(toolchain, sandbox_tmp):
+    """The same extension built with main.cpp as load_inline writes it and as glue + binding: the module loads
+    under its name and its functions have the same docstrings, results and errors (bad sizes, bad types, keyword
+    arguments); a second extension with the same signatures takes the binding from the cache."""
+    import json
+    import subprocess
+    import sys
+    from cuda_eval.cache import BuildCache
+    cache = BuildCache(str(sandbox_tmp / "cache"), 1 << 30)
+    spec = spec_from_load_inline(name="glue_ext", cpp_sources=GLUE_CPP, cuda_sources=GLUE_CU,
+                                 functions=["axpy", "pair"])
+    seen = {}
+    for mode in ("glue", "exact"):  # the exact build finds the glue build's cuda.o in the object cache
+        builder = Builder(toolchain, cache, config=BuildConfig(use_pch=False, glue_binding=mode == "glue"))
+        result = builder.build(spec, str(sandbox_tmp / mode), 900)
+        assert result.ok, result.raw_log
+        assert result.binding_mode == mode, result.binding_failure
+        probe = subprocess.run([sys.executable, "-c", GLUE_PROBE, result.so_path], capture_output=True, text=True,
+                               cwd=os.path.dirname(os.path.dirname(bd.__file__)), timeout=300)
+        assert probe.returncode == 0, probe.stderr
+        seen[mode] = json.loads(probe.stdout)
+    assert seen["glue"] == seen["exact"]
+    assert seen["glue"]["name"] == "glue_ext" and seen["glue"]["axpy"] == [3.0, 3.0, 3.0]
+    assert seen["glue"]["errors"][0] == "RuntimeError: size mismatch" and "incompatible function arguments" in \
+        seen["glue"]["errors"][1]
+    renamed = spec_from_load_inline(name="glue_two", cpp_sources=GLUE_CPP.replace("axpy", "axpy2"),
+                                    cuda_sources=GLUE_CU.replace("axpy", "axpy2"), functions=["axpy2", "pair"])
+    again = Builder(toolchain, cache, config=BuildConfig(use_pch=False)).build(renamed, str(sandbox_tmp / "two"), 900)
+    assert again.ok and again.binding_mode == "glue"
+    assert f"{bd.BINDING_OBJECT} (cached)" in [p.name for p in again.phases]
+
+
+@pytest.mark.nvcc
+def test_glue_failure_falls_back_to_the_exact_main_cpp(toolchain, sandbox_tmp):
+    """A declaration the plan cannot see (a default argument in parentheses) makes `f` overloaded: the glue unit
+    fails its signature check, and the verdict is the exact main.cpp's (load_inline's own error)."""
+    cpp = "torch::Tensor f(torch::Tensor x);\ntorch::Tensor f(torch::Tensor x, torch::Tensor y = torch::Tensor());\n"
+    spec = spec_from_load_inline(name="glue_bad", cpp_sources=cpp, functions=["f"], with_cuda=False)
+    assert bd.glue_plan(spec, toolchain)[0] is not None
+    result = Builder(toolchain, None, config=BuildConfig(use_pch=False)).build(spec, str(sandbox_tmp / "b"), 900)
+    assert not result.ok and result.error_kind == "compile_error"
+    assert result.binding_mode == "glue_failed_exact" and "glue unit did not compile" in result.binding_failure
+    names = [p.name for p in result.phases]
+    assert names[:2] == ["g++ main.cpp (glue)", "g++ main.cpp"], names
+    assert "load_inline bindings" in result.log and "glue" not in result.log

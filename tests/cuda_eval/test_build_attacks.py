@@ -313,7 +313,9 @@ done
 light=0
 case "$cu" in *.cu) grep -q kj_light_torch.h "$cu" && light=1;; esac
 if [ "@HONEST@" = 0 ]; then
-    for f in cuda.cu main.cpp kj_light_torch.h main.o cuda.cuda.o; do ln -sf @CANARY@ "$f" 2>/dev/null; done
+    for f in cuda.cu main.cpp kj_light_torch.h main.o cuda.cuda.o kj_glue_prelude.h kj_binding.cpp binding.o; do
+        ln -sf @CANARY@ "$f" 2>/dev/null
+    done
 fi
 if [ $light = 1 ]; then echo "$cu(1): error: fake light failure" >&2; exit 1; fi
 rm -f "$out"
@@ -350,7 +352,8 @@ def test_links_planted_by_the_build_are_never_followed(toolchain, sandbox_tmp, c
     assert_not_in_cache(cache.root)
     assert not os.listdir(os.path.join(cache.root, "entries"))  # the planted objects were not cached either
     src = sandbox_tmp / "b" / "src"
-    assert sorted(os.listdir(src)) == ["cuda.cu", "kj_light_torch.h", "main.cpp"]
+    assert sorted(os.listdir(src)) == ["cuda.cu", "kj_binding.cpp", "kj_glue_prelude.h", "kj_light_torch.h",
+                                       "main.cpp"]
     assert all(os.lstat(src / n).st_uid == os.geteuid() for n in os.listdir(src))
 
 
@@ -367,7 +370,7 @@ def test_honest_products_are_copied_out_never_moved(toolchain, sandbox_tmp, cana
     assert so.st_uid == os.geteuid() and os.lstat(out).st_uid != os.geteuid()
     assert (so.st_dev, so.st_ino) != (os.lstat(out / "swap.so").st_dev, os.lstat(out / "swap.so").st_ino)
     entries = [e.path for s in os.scandir(os.path.join(cache.root, "entries")) for e in os.scandir(s.path)]
-    assert len(entries) == 2  # main.o and cuda.cuda.o
+    assert len(entries) == 2  # binding.o (main.cpp is the glue unit, never cached) and cuda.cuda.o
     for entry in entries:
         for f in os.scandir(entry):
             assert f.stat(follow_symlinks=False).st_uid == os.geteuid()
