@@ -26,7 +26,8 @@ from cuda_eval.api import EvalConfig, Evaluator  # noqa: E402
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner, save_trajectories  # noqa: E402
 from kevin_jax.env.policy import Generation  # noqa: E402
 from kevin_jax.model.tokenizer import load_tokenizer  # noqa: E402
-from kevin_jax.rl.scores import RewardConfig, counts_as_correct  # noqa: E402
+from kevin_jax.env.reward import RewardConfig, counts_as_correct  # noqa: E402
+from kevin_jax.rl.advantages import assign_returns  # noqa: E402
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks  # noqa: E402
 
 PLAN = ("wrong", "correct")
@@ -102,6 +103,7 @@ def main() -> int:
     with Evaluator(EvalConfig(devices=args.devices, mode="auto", cache_dir=args.cache_dir)) as evaluator:
         start_s = time.perf_counter() - t0
         result = EpisodeRunner(policy, evaluator, tokenizer, env, RewardConfig()).run(tasks, step=0, seed=0)
+    assign_returns(result.trajectories, RewardConfig())   # the environment scores turns; returns are RL's
     total_s = time.perf_counter() - t0
 
     rows, failures = [], 0

@@ -1,6 +1,6 @@
 """The full run config with Kevin-32B's recipe as the baseline; every config file starts from `base()`.
 
-One ConfigDict per section, with exactly the field names of the dataclass that reads it (kevin_jax.train.SECTIONS;
+One ConfigDict per section, with exactly the field names of the dataclass that reads it (kevin_jax.run_config.SECTIONS;
 tests/kevin_jax/test_configs.py checks that every field is here), so `--config.<section>.<field>=...` works for every
 field and an unknown field is an error. This file must not import jax: launch/train.py sets the GPU placement
 environment from the config before JAX starts.
@@ -10,7 +10,7 @@ Ablation switches are plain overrides, e.g.:
   --config.reward.gamma=0.8    --config.reward.aggregation=max         return discount / sum vs max of later scores
   --config.env.num_trajectories=8                                      parallel trajectories per task
   --config.reward.correct_weight=0.0 --config.reward.speedup_transform=log      score weights
-  --config.reward.baseline=turn_mean                                   advantage baseline per turn (rl/scores.py)
+  --config.reward.baseline=turn_mean                                   advantage baseline per turn (rl/advantages.py)
   --config.rl.aggregation=token_mean                                   loss aggregation (or sequence_mean)
   --config.rl.kl_coef=0.01                                             KL to the starting policy
 """

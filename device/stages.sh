@@ -29,8 +29,8 @@ for s in $STAGES; do
   case "$s" in
     probe) run probe 170 python3 device/worker_probe.py --timeout 50 || exit 1 ;;
     tests) run tests 240 $PYTEST --timeout 230 tests/cuda_eval/test_worker_gpu.py tests/cuda_eval/test_hack_corpus.py ;;
-    model_tests) run model_tests 300 $PYTEST --timeout 280 tests/kevin_jax/test_model_gpu.py \
-                   tests/kevin_jax/test_sampler_gpu.py tests/kevin_jax/test_episode.py ;;
+    model_tests) run model_tests 300 $PYTEST --timeout 280 tests/kevin_jax/model/test_model_gpu.py \
+                   tests/kevin_jax/sampler/test_sampler_gpu.py tests/kevin_jax/env/test_episode.py ;;
     env) run env 240 python3 benchmarks/env_scripted.py --out "$OUT/env_scripted.json" ;;
     compile) run compile 300 python3 benchmarks/compile.py --baseline-reps 1 --out "$OUT/compile.json" ;;
     repeatability) run repeatability 230 python3 benchmarks/timing_repeatability.py --runs 5 \
