@@ -67,7 +67,10 @@ def main(argv=None) -> None:
         tasks += of_level[:args.limit] if args.limit else of_level
     print(f"{len(tasks)} tasks (levels {levels}); skipped by the loader: {len(loaded.skipped)}", flush=True)
     cfg = dict(run_timeout_s=args.timeout_s, ref_timing_cache=False, compile_workers=1)
-    cfg.update(device_type="cpu", spare_workers=1) if args.device_type == "cpu" else cfg.update(devices=str(args.device))
+    if args.device_type == "cpu":
+        cfg.update(device_type="cpu", spare_workers=1)
+    else:
+        cfg.update(devices=str(args.device))
     t0 = time.monotonic()
     rows = []
     with Evaluator(EvalConfig(**cfg)) as ev:

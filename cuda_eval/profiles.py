@@ -77,7 +77,7 @@ def apply(config, defaults: dict) -> None:
         if current != value and current != default:
             raise ValueError(f"EvalConfig.{name}={current!r} conflicts with profile {profile.name!r}, which sets "
                              f"{name}={value!r} (use profile='kevin' and set the fields yourself)")
-        object.__setattr__(config, name, value)
+        setattr(config, name, value)
 
 
 def split_flags(flags: list[dict], profile_name: str) -> tuple[list[dict], list[dict]]:
