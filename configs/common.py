@@ -30,7 +30,8 @@ def defaults() -> ConfigDict:
     c.tasks = ConfigDict(dict(kernelbench_dir="", parquet="", levels=(1, 2), split_file="", holdout_fraction=0.1,
                               split_seed=0))
     c.env = ConfigDict(dict(num_turns=4, num_trajectories=16, max_prompt_tokens=8192, max_response_tokens=16384,
-                            early_stop="never", gpu_name="NVIDIA H100", one_shot=True, max_summary_chars=2000))
+                            early_stop="never", gpu_name="NVIDIA H100", one_shot=True, max_summary_chars=2000,
+                            feedback="kevin"))   # "profile": a correct kernel's feedback adds its profile
     c.reward = ConfigDict(dict(correct_weight=0.3, speedup_transform="identity", speedup_clip=10.0, gamma=0.4,
                                aggregation="sum", normalize_std=True, baseline="mean", std_eps=1e-6))
     c.sampler = ConfigDict(dict(
@@ -50,7 +51,7 @@ def defaults() -> ConfigDict:
         skip_run_on_static_flags=True, require_custom_kernel=True, forbid_python_torch_compute=True,
         forbid_reference_ops=True, forbid_library_heavy_ops=True, forbid_host_transfer=True, kernel_trace=True,
         flag_native_threads=False, unsynced_slack_us=50.0, retime_speedup_threshold=5.0, retime_min_ratio=0.5,
-        max_feedback_chars=3000, share_identical=True))
+        max_feedback_chars=3000, kernel_profile=False, kernel_profile_timeout_s=30.0, share_identical=True))
     c.rl = ConfigDict(dict(
         tasks_per_step=8, updates_per_batch=2, clip_eps_low=0.2, clip_eps_high=0.28, aggregation="constant_length",
         constant_length=0, kl_coef=0.0, old_logprobs="sampler", tis_cap=0.0, skip_zero_advantage=True,

@@ -89,6 +89,11 @@ class EvalConfig:
     retime_speedup_threshold: float = 5.0   # re-time in a fresh process above this speedup (0 = never)
     retime_min_ratio: float = 0.5           # flag if the fresh speedup is below this fraction of the first
     max_feedback_chars: int = 3000
+    # profile feedback (kernel_profile.py; docs/EVALUATOR.md, "Profile feedback"): a correct, unflagged candidate of
+    # a request with feedback="profile" is profiled after its verdict is complete; kernel_profile=True profiles every
+    # such candidate (launch/eval.py --profile). Advisory: never changes a verdict or a score.
+    kernel_profile: bool = False
+    kernel_profile_timeout_s: float = 30.0
     # one verdict per distinct (task, program) within a batch: a policy that has converged on an answer samples the
     # same program many times (the 80M demo: most of a 128-kernel round), and each copy would cost a GPU slot
     share_identical: bool = True
@@ -120,12 +125,21 @@ def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
     return max(2, min(8, cores // (2 * max(1, n_devices))))
 
 
+FEEDBACK_MODES = ("kevin", "profile")
+
+
 @dataclasses.dataclass
 class EvalRequest:
     task_id: str
     task_source: str          # the reference program (KernelBench format)
     response: str             # raw model text (the program is extracted from it)
     request_id: str = ""
+    feedback: str = "kevin"   # "kevin": today's text; "profile": a correct kernel's text adds a short profile of
+                              # its kernels and the reference's (docs/EVALUATOR.md, "Profile feedback")
+
+    def __post_init__(self):
+        if self.feedback not in FEEDBACK_MODES:
+            raise ValueError(f"EvalRequest.feedback={self.feedback!r}: expected one of {FEEDBACK_MODES}")
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from cuda_eval.api import EvalRequest
+from cuda_eval.api import FEEDBACK_MODES, EvalRequest
 from kevin_jax.env.parse import parse_response
 from kevin_jax.env.policy import Policy
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
@@ -45,6 +45,8 @@ class EnvConfig:
     gpu_name: the target GPU named in the prompt.
     one_shot: show the one-shot example (element-wise add) in the first turn.
     max_summary_chars: cap on the model's summary carried into later prompts.
+    feedback: the evaluator's text after a correct kernel: "kevin" (time and speedup) or "profile" (also a short
+      profile of its kernels and the reference's: cuda_eval, EvalRequest.feedback).
     """
     num_turns: int = 4
     num_trajectories: int = 16
@@ -54,10 +56,13 @@ class EnvConfig:
     gpu_name: str = "NVIDIA H100"
     one_shot: bool = True
     max_summary_chars: int = 2000
+    feedback: str = "kevin"
 
     def __post_init__(self):
         if self.early_stop not in EARLY_STOP_MODES:
             raise ValueError(f"env.early_stop must be one of {EARLY_STOP_MODES}, got {self.early_stop!r}")
+        if self.feedback not in FEEDBACK_MODES:
+            raise ValueError(f"env.feedback must be one of {FEEDBACK_MODES}, got {self.feedback!r}")
         for name in ("num_turns", "num_trajectories", "max_prompt_tokens", "max_response_tokens",
                      "max_summary_chars"):
             if getattr(self, name) <= 0:
@@ -286,7 +291,8 @@ class EpisodeRunner:
         texts = [self.decode(g.tokens) for g in generations]
         parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
         requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
-                                request_id=request_prefix + _request_id(lv.traj, round_index))
+                                request_id=request_prefix + _request_id(lv.traj, round_index),
+                                feedback=self.env.feedback)
                     for lv, p in zip(live, parsed)]
         verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.evaluator.evaluate(requests)]
         _check_count("evaluator.evaluate", len(verdicts), len(requests))
