@@ -44,7 +44,7 @@ from kevin_jax import logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, Trajectory
 from kevin_jax.placement import require_gpu_for_kernels
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
-from kevin_jax.rl import advantages, rollout_stats
+from kevin_jax.rl import advantages, rollout_stats, speed_metrics
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl import state as rl_state
 from kevin_jax.rl.task_sampler import TaskSampler
@@ -262,6 +262,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
                                                          spec.log.thought_prefix).items()})
+            # speed of the correct kernels: mean speedup, fast_1, fast_1.5, per turn (rollout/speed/...)
+            values.update({f"rollout/{k}": v for k, v in speed_metrics.speed_scalars(trajectories).items()})
             if values.get("rollout/timing_contended_rate", 0.0) > 0.0:
                 logging.warning("step %d: %.0f%% of the timed kernels ran while the GPU was slower than when their "
                                 "reference was timed (another process on it?): their speedups are under-estimates",
@@ -329,10 +331,11 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             values["perf/mfu_step"] = logs.mfu(update_flops + sample_flops, values["time/step"], n_dev, peak)
             writer.write(step, values)
             last = values
-            log.info("%sstep %d/%d: score %.3f, %s %.2f, sampling %.1fs, evaluation %.1fs, update %.1fs, "
+            log.info("%sstep %d/%d: score %.3f, %s %.2f, %s, sampling %.1fs, evaluation %.1fs, update %.1fs, "
                      "MFU update %s", tag, step, spec.total_steps, values.get("rollout/score_mean", 0.0),
                      "compiled" if compile_only else "correct",
                      values.get("rollout/compiled_rate" if compile_only else "rollout/correct_rate", 0.0),
+                     speed_metrics.log_text(values, "rollout/speed/"),
                      phase["sampling"], phase["evaluation"], update_s,
                      f"{values['perf/mfu_update']:.1%}" if np.isfinite(values["perf/mfu_update"]) else "n/a (CPU)")
             progress.update(_headline(values, compile_only))
