@@ -31,7 +31,10 @@ def defaults() -> ConfigDict:
                               split_seed=0))
     c.env = ConfigDict(dict(num_turns=4, num_trajectories=16, max_prompt_tokens=8192, max_response_tokens=16384,
                             early_stop="never", gpu_name="NVIDIA H100", one_shot=True, max_summary_chars=2000,
-                            feedback="kevin"))   # "profile": a correct kernel's feedback adds its profile
+                            feedback="kevin",   # "profile": a correct kernel's feedback adds its profile
+                            # groups of tasks pipelined: one group evaluated while another samples (env/scheduler.py);
+                            # overlap=False: the sequential runner, the same trajectories
+                            overlap=True, pipeline_groups=2))
     c.reward = ConfigDict(dict(correct_weight=0.3, speedup_transform="identity", speedup_clip=10.0, gamma=0.4,
                                aggregation="sum", normalize_std=True, baseline="mean", std_eps=1e-6))
     c.sampler = ConfigDict(dict(

@@ -4,9 +4,10 @@
 
 Per step:
   1. draw the step's training tasks (a function of seed and step: kevin_jax.rl.task_sampler);
-  2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode): each round
-     samples every live trajectory with the policy's own parameters (one sampler call) and evaluates every answer
-     (one cuda_eval call) and scores each turn (kevin_jax.env.reward); discounted returns and per-task advantages
+  2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode): the tasks in
+     env.pipeline_groups groups, each round of a group one sampler call with the policy's own parameters and one
+     cuda_eval submission, one group's kernels compiled and run while another group samples
+     (kevin_jax.env.scheduler); each turn scored (kevin_jax.env.reward); discounted returns and per-task advantages
      come from kevin_jax.rl.advantages;
   3. rl.updates_per_batch optimiser updates on the batch (the first on-policy, the next off-policy with importance
      ratios against the sampler's log-probs), gradients accumulated over micro-batches (kevin_jax.rl.state);
@@ -42,7 +43,8 @@ from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, Trajectory
-from kevin_jax.placement import require_gpu_for_kernels
+from kevin_jax.env.scheduler import share_gpus_with_evaluator
+from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import advantages, rollout_stats, speed_metrics
 from kevin_jax.rl import batch as rl_batch
@@ -108,9 +110,12 @@ def make_evaluator(spec: RunSpec):
     return Evaluator(spec.eval)
 
 
-def _phase_times(rounds) -> dict[str, float]:
-    return {"sampling": float(sum(r.generate_s for r in rounds)),
-            "evaluation": float(sum(r.evaluate_s for r in rounds))}
+def _phase_times(result) -> dict[str, float]:
+    """The episode's times (kevin_jax.env.scheduler.StepTiming): the policy busy, the wall time with an evaluation
+    outstanding, the episode's wall time, and its ratio to the larger of the two (1 = fully overlapped)."""
+    t = result.timing
+    return {"sampling": t.sampling_s, "evaluation": t.evaluation_s, "episode": t.wall_s,
+            "wall_over_max": t.wall_over_max}
 
 
 def _gather_trajectories(local: list[Trajectory]) -> list[Trajectory]:
@@ -128,7 +133,7 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int,
         log.info("host %d/%d rolls out %d of %d tasks", jax.process_index(), jax.process_count(), len(mine),
                  len(tasks))
     result = runner.run(mine, step=step, seed=seed)
-    times = _phase_times(result.rounds)
+    times = _phase_times(result)
     trajectories = _gather_trajectories(result.trajectories)
     order = {t.task_id: i for i, t in enumerate(tasks)}
     trajectories.sort(key=lambda t: (order[t.task_id], t.traj_index))
@@ -225,6 +230,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         # --- policy (the sampler reads the train state's own parameters), environment, update
         model = nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh))
         policy = SamplerPolicy(model, spec.sampler, tokenizer=tokenizer, mesh=local_mesh)
+        share_gpus_with_evaluator(policy, evaluator, shared_gpus(spec.gpu.jax_devices, spec.eval.devices,
+                                                                 visible_gpu_count()))
         env_policy = _KillingPolicy(policy, kill) if spec.debug.kill_at_phase else policy
         env_evaluator = _KillingEvaluator(evaluator, kill) if spec.debug.kill_at_phase else evaluator
         runner = EpisodeRunner(env_policy, env_evaluator, tokenizer, spec.env, spec.reward)
@@ -302,6 +309,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             n_dev = jax.device_count()
             values.update({
                 "time/sampling": phase["sampling"], "time/evaluation": phase["evaluation"],
+                "time/episode": phase["episode"], "perf/episode_wall_over_max": phase["wall_over_max"],
                 "time/rollout": rollout_s, "time/update": update_s,
                 "perf/mfu_update": logs.mfu(update_flops, update_s, n_dev, peak),
                 "perf/mfu_sampling": logs.mfu(sample_flops, phase["sampling"], n_dev, peak),
@@ -321,7 +329,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             t0 = time.perf_counter()
             if checkpointer.due(step, spec.total_steps):
                 meta = {"step": step, "seed": spec.seed, "updates": spec.rl.updates_per_batch * step,
-                        "rng": {"seed": spec.seed, "rule": "sampling seed = env.episode.round_seed(seed, step, round)"},
+                        "rng": {"seed": spec.seed,
+                                "rule": "sampling seed = env.episode.round_seed(seed, step, round, group)"},
                         "task_sampler": sampler_tasks.state(step), "split": split.to_dict(),
                         "compile_only": compile_only}
                 checkpointer.save(step, state, meta)
@@ -331,12 +340,13 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             values["perf/mfu_step"] = logs.mfu(update_flops + sample_flops, values["time/step"], n_dev, peak)
             writer.write(step, values)
             last = values
-            log.info("%sstep %d/%d: score %.3f, %s %.2f, %s, sampling %.1fs, evaluation %.1fs, update %.1fs, "
+            log.info("%sstep %d/%d: score %.3f, %s %.2f, %s, sampling %.1fs, evaluation %.1fs, "
+                     "episode %.1fs (%.2f x max), update %.1fs, "
                      "MFU update %s", tag, step, spec.total_steps, values.get("rollout/score_mean", 0.0),
                      "compiled" if compile_only else "correct",
                      values.get("rollout/compiled_rate" if compile_only else "rollout/correct_rate", 0.0),
                      speed_metrics.log_text(values, "rollout/speed/"),
-                     phase["sampling"], phase["evaluation"], update_s,
+                     phase["sampling"], phase["evaluation"], phase["episode"], phase["wall_over_max"], update_s,
                      f"{values['perf/mfu_update']:.1%}" if np.isfinite(values["perf/mfu_update"]) else "n/a (CPU)")
             progress.update(_headline(values, compile_only))
 

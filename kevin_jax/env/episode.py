@@ -1,10 +1,14 @@
-"""The batched multi-turn environment: tasks x trajectories x turns, one policy call and one evaluator call per round.
+"""The batched multi-turn environment: tasks x trajectories x turns, played as pipelined parts.
 
 Round t (t = 0 .. num_turns-1), for every live trajectory:
   prompt (first turn, or refinement with the earlier attempts: code + own summary + feedback, never thoughts)
-  -> policy.generate(all prompts, one call) -> decode + parse -> cuda_eval evaluate(all answers, one call)
+  -> policy.generate (one call per pipeline group) -> decode + parse -> cuda_eval (one submission per group)
   -> verdict, score (kevin_jax.env.reward); the attempt is carried into the next prompt.
-The runner returns scored turns; their returns and advantages are the update's (kevin_jax.rl.advantages).
+The step's tasks are split into env.pipeline_groups groups; a group's round is a *part*, and kevin_jax.env.scheduler
+runs the parts: with env.overlap, one group's answers are compiled and run while another group's next turn is
+generated. The trajectories depend on (seed, step, pipeline_groups), never on the overlap or on the order in which
+verdicts arrive. The runner returns scored turns; their returns and advantages are the update's
+(kevin_jax.rl.advantages).
 
 Trajectories are plain data (Contract 4 in docs/ARCHITECTURE.md), saved as JSONL, loaded back, or re-evaluated
 (`reevaluate`). Early stop (`EnvConfig.early_stop`) is off by default, as in Kevin.
@@ -25,6 +29,7 @@ from kevin_jax.env.parse import parse_response
 from kevin_jax.env.policy import Policy
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
 from kevin_jax.env.reward import RewardConfig, counts_as_correct, turn_score
+from kevin_jax.env.scheduler import Part, Scheduler, StepTiming, split_groups
 from kevin_jax.tasks.kernelbench import Task
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,8 @@ class EnvConfig:
     one_shot: bool = True
     max_summary_chars: int = 2000
     feedback: str = "kevin"
+    overlap: bool = True
+    pipeline_groups: int = 2
 
     def __post_init__(self):
         if self.early_stop not in EARLY_STOP_MODES:
@@ -64,13 +71,14 @@ class EnvConfig:
         if self.feedback not in FEEDBACK_MODES:
             raise ValueError(f"env.feedback must be one of {FEEDBACK_MODES}, got {self.feedback!r}")
         for name in ("num_turns", "num_trajectories", "max_prompt_tokens", "max_response_tokens",
-                     "max_summary_chars"):
+                     "max_summary_chars", "pipeline_groups"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"env.{name} must be positive, got {getattr(self, name)}")
 
 
 class Evaluator(Protocol):
-    """What the runner needs of cuda_eval.api.Evaluator."""
+    """What the runner needs of cuda_eval.api.Evaluator: `evaluate`, and `submit` (a future per request) where it
+    has it (without, kevin_jax.env.scheduler calls `evaluate` on a background thread)."""
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[Any]: ...
 
 
@@ -122,28 +130,31 @@ class Trajectory:
 
 @dataclasses.dataclass
 class RoundStats:
+    """One round over its pipeline groups (sums of their parts' times; in the overlapped runner the parts of a round
+    overlap each other and other rounds, so total_s may be less than generate_s + evaluate_s)."""
     round: int
     live: int                   # trajectories that took part in this round
     prompt_tokens_mean: float
     response_tokens_mean: float
     render_s: float
-    generate_s: float
-    evaluate_s: float
-    total_s: float
+    generate_s: float           # policy calls (with decoding and parsing)
+    evaluate_s: float           # from each part's submission to its last verdict
+    total_s: float              # from the round's first prompt rendering to its last scoring
 
 
 @dataclasses.dataclass
 class EpisodeResult:
     trajectories: list[Trajectory]
     rounds: list[RoundStats]
+    timing: StepTiming | None = None    # the step's sampling, evaluation and wall times (the overlap)
 
 
 @dataclasses.dataclass
 class PlayedRound:
     """What one round did: the new turn of each live trajectory (in their order), and its time."""
     turns: list[Turn]
-    generate_s: float
-    evaluate_s: float           # decoding, parsing and the evaluator call
+    generate_s: float           # the policy call, decoding and parsing
+    evaluate_s: float           # the evaluator call
 
     def stats(self, round_index: int, render_s: float, total_s: float) -> RoundStats:
         return RoundStats(round_index, len(self.turns), float(np.mean([len(t.prompt_tokens) for t in self.turns])),
@@ -206,9 +217,11 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
 # ---------------------------------------------------------------------------------------------------------------------
 # The runner
 
-def round_seed(seed: int, step: int, round_index: int) -> int:
-    """The sampling seed of one round: a function of (seed, step, round) only, so a resumed run samples the same."""
-    return int(np.random.SeedSequence([seed, step, round_index]).generate_state(1)[0])
+def round_seed(seed: int, step: int, round_index: int, group: int = 0) -> int:
+    """The sampling seed of one policy call: a function of (seed, step, round, pipeline group) only, so that a resumed
+    run samples the same. Group 0 keeps the rule of one call per round (pipeline_groups=1 samples as before)."""
+    entropy = [seed, step, round_index] + ([group] if group else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def _request_id(traj: Trajectory, turn: int) -> str:
@@ -228,6 +241,29 @@ class _Live:
     attempts: list[Attempt] = dataclasses.field(default_factory=list)
     best_score: float = 0.0
     had_correct: bool = False
+
+
+@dataclasses.dataclass
+class SampledRound:
+    """One policy call's answers for some live trajectories, parsed, with their evaluation requests (no verdict yet)."""
+    live: list[Any]
+    prompts: list[RenderedPrompt]
+    round_index: int
+    generations: list[Any]
+    texts: list[str]
+    parsed: list[Any]
+    requests: list[EvalRequest]
+
+
+@dataclasses.dataclass
+class _PartState:
+    """A pipeline group's round, as the environment sees it (kevin_jax.env.scheduler.Part.state)."""
+    live: list[_Live]
+    prompts: list[RenderedPrompt]
+    render_start: float         # when its prompts began to be rendered (s from the episode's start)
+    render_s: float
+    sampled: SampledRound | None = None
+    turns: list[Turn] = dataclasses.field(default_factory=list)
 
 
 class EpisodeRunner:
@@ -253,59 +289,97 @@ class EpisodeRunner:
         return self.tokenizer.decode(list(tokens[:end]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def run(self, tasks: Sequence[Task], step: int = 0, seed: int = 0) -> EpisodeResult:
+        """Every trajectory of every task for env.num_turns turns (fewer where early stop or the prompt budget ends
+        it), in pipeline groups run by kevin_jax.env.scheduler. Trajectories come back in (task, index) order."""
         if not tasks:
             raise ValueError("no tasks to run")
+        start = time.perf_counter()
         first_prompts = {t.task_id: self.renderer.first_turn(t.source) for t in tasks}  # raises if over budget
-        live = [_Live(Trajectory(task.task_id, j, step, seed), task)
-                for task in tasks for j in range(self.env.num_trajectories)]
-        trajectories = [lv.traj for lv in live]
-        rounds = []
-        for round_index in range(self.env.num_turns):
-            t0 = time.perf_counter()
-            live, prompts = self._prompts(live, round_index, first_prompts)
-            if not live:
-                break
-            t1 = time.perf_counter()
-            played = self.play_round(live, prompts, round_index, step, seed)
+        render_s = time.perf_counter() - start
+        groups = split_groups(list(tasks), self.env.pipeline_groups)
+        trajectories, parts, played = [], [], []
+        for g, group_tasks in enumerate(groups):
+            live = [_Live(Trajectory(task.task_id, j, step, seed), task)
+                    for task in group_tasks for j in range(self.env.num_trajectories)]
+            trajectories += [lv.traj for lv in live]
+            parts.append(Part(g, 0, _PartState(live, [first_prompts[lv.task.task_id] for lv in live], 0.0,
+                                               render_s if g == 0 else 0.0)))
+
+        def sample(part: Part) -> list[EvalRequest]:
+            state = part.state
+            state.sampled = self.sample(state.live, state.prompts, part.round, step, seed, group=part.group)
+            return state.sampled.requests
+
+        def score(part: Part) -> Part | None:
+            state = part.state
+            state.turns = self.record(state.sampled, part.verdicts)
+            played.append(part)
             next_live = []
-            for lv, turn in zip(live, played.turns):
+            for lv, turn in zip(state.live, state.turns):
                 if not self._stops(lv, turn, turn.verdict):
                     next_live.append(lv)
                 lv.best_score = max(lv.best_score, turn.score)
-            rounds.append(played.stats(round_index, t1 - t0, time.perf_counter() - t0))
-            log.info("round %d: %d live, generate %.1fs, evaluate %.1fs, %d correct", round_index, len(live),
-                     played.generate_s, played.evaluate_s, sum(counts_as_correct(t.verdict) for t in played.turns))
-            live = next_live
-        return EpisodeResult(trajectories, rounds)
+            where = f" (group {part.group + 1}/{len(groups)})" if len(groups) > 1 else ""
+            log.info("round %d%s: %d live, generate %.1fs, evaluate %.1fs, %d correct", part.round, where,
+                     len(state.live), part.timing.sample_s, part.timing.evaluate_s,
+                     sum(counts_as_correct(t.verdict) for t in state.turns))
+            if part.round + 1 >= self.env.num_turns or not next_live:
+                return None
+            t0 = time.perf_counter()
+            live, prompts = self._prompts(next_live, part.round + 1, first_prompts)
+            if not live:
+                return None
+            return Part(part.group, part.round + 1, _PartState(live, prompts, t0 - start, time.perf_counter() - t0))
 
-    def play_round(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int,
-                   seed: int, request_prefix: str = "") -> PlayedRound:
-        """One round for the live trajectories (anything with .traj, .task and .attempts) and their prompts: one
-        policy call, decode and parse, one evaluator call. Each trajectory gets its scored turn appended, and its
-        attempt (code, summary, feedback) appended to the attempts its next prompt shows."""
-        t0 = time.perf_counter()
+        scheduler = Scheduler(self.evaluator, self.env.overlap, getattr(self.evaluator, "mode", "full"))
+        timing = scheduler.run(parts, sample, score, groups=len(groups), start=start)
+        log.info("episode of step %d (%s, %d group%s): sampling %.1fs busy, evaluation %.1fs wall, episode %.1fs "
+                 "wall = %.2f x max(sampling, evaluation)", step, "overlapped" if self.env.overlap else "sequential",
+                 len(groups), "s" if len(groups) > 1 else "", timing.sampling_s, timing.evaluation_s, timing.wall_s,
+                 timing.wall_over_max)
+        return EpisodeResult(trajectories, _round_stats(played), timing)
+
+    def sample(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int, seed: int,
+               group: int = 0, request_prefix: str = "") -> SampledRound:
+        """One policy call for the live trajectories (anything with .traj and .task) and their prompts; the answers
+        decoded and parsed, and their evaluation requests."""
         generations = self.policy.generate([p.token_ids for p in prompts], self.env.max_response_tokens,
-                                           round_seed(seed, step, round_index))
+                                           round_seed(seed, step, round_index, group))
         _check_count("policy.generate", len(generations), len(prompts))
-        t1 = time.perf_counter()
         texts = [self.decode(g.tokens) for g in generations]
         parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
         requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
                                 request_id=request_prefix + _request_id(lv.traj, round_index),
                                 feedback=self.env.feedback)
                     for lv, p in zip(live, parsed)]
-        verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.evaluator.evaluate(requests)]
-        _check_count("evaluator.evaluate", len(verdicts), len(requests))
-        t2 = time.perf_counter()
+        return SampledRound(list(live), list(prompts), round_index, generations, texts, parsed, requests)
+
+    def record(self, sampled: SampledRound, verdicts: Sequence[Mapping]) -> list[Turn]:
+        """The scored turns of sampled answers given their verdicts (dicts, in order): each trajectory gets its turn
+        appended, and its attempt (code, summary, feedback) appended to the attempts its next prompt shows."""
         turns = []
-        for lv, prompt, gen, text, p, verdict in zip(live, prompts, generations, texts, parsed, verdicts):
-            turn = Turn(round_index, list(prompt.token_ids), list(gen.tokens), [float(x) for x in gen.logprobs],
-                        gen.stop_reason, text, p.to_dict(), verdict)
-            turn.score = turn_score(turn.parsed, verdict, self.reward)
+        for lv, prompt, gen, text, p, verdict in zip(sampled.live, sampled.prompts, sampled.generations,
+                                                     sampled.texts, sampled.parsed, verdicts):
+            turn = Turn(sampled.round_index, list(prompt.token_ids), list(gen.tokens),
+                        [float(x) for x in gen.logprobs], gen.stop_reason, text, p.to_dict(), dict(verdict))
+            turn.score = turn_score(turn.parsed, turn.verdict, self.reward)
             lv.traj.turns.append(turn)
             lv.attempts.append(Attempt(p.code, p.summary, str(verdict.get("feedback") or "")))
             turns.append(turn)
-        return PlayedRound(turns, t1 - t0, t2 - t1)
+        return turns
+
+    def play_round(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int,
+                   seed: int, request_prefix: str = "") -> PlayedRound:
+        """One round for the live trajectories (anything with .traj, .task and .attempts) and their prompts, all at
+        once: one policy call, decode and parse, one blocking evaluator call (beam search plays its rounds so)."""
+        t0 = time.perf_counter()
+        sampled = self.sample(live, prompts, round_index, step, seed, request_prefix=request_prefix)
+        t1 = time.perf_counter()
+        verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v)
+                    for v in self.evaluator.evaluate(sampled.requests)]
+        _check_count("evaluator.evaluate", len(verdicts), len(sampled.requests))
+        t2 = time.perf_counter()
+        return PlayedRound(self.record(sampled, verdicts), t1 - t0, t2 - t1)
 
     def _prompts(self, live: list[_Live], round_index: int,
                  first_prompts: Mapping[str, RenderedPrompt]) -> tuple[list[_Live], list[RenderedPrompt]]:
@@ -332,6 +406,22 @@ class EpisodeRunner:
             stop = lv.had_correct and turn.score <= lv.best_score
         lv.had_correct = lv.had_correct or correct
         return stop
+
+
+def _round_stats(parts: Sequence[Part]) -> list[RoundStats]:
+    """Per round, over its parts (the groups that played it): live trajectories, mean prompt and response tokens,
+    summed render, policy-call (generate_s) and evaluation-wait (evaluate_s) times, and total_s from the first
+    render to the last scoring (in the overlapped runner, rounds of different groups overlap)."""
+    out = []
+    for r in sorted({p.round for p in parts}):
+        mine = [p for p in parts if p.round == r]
+        turns = [t for p in mine for t in p.state.turns]
+        out.append(RoundStats(
+            r, len(turns), float(np.mean([len(t.prompt_tokens) for t in turns])),
+            float(np.mean([len(t.response_tokens) for t in turns])), sum(p.state.render_s for p in mine),
+            sum(p.timing.sample_s for p in mine), sum(p.timing.evaluate_s for p in mine),
+            max(p.timing.scored for p in mine) - min(p.state.render_start for p in mine)))
+    return out
 
 
 def _end_token_ids(tokenizer: Any) -> set[int]:

@@ -22,11 +22,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cuda_eval.api import EvalConfig, Evaluator, visible_gpu_count
 from kevin_jax.env import episode
+from kevin_jax.env.scheduler import share_gpus_with_evaluator
 from kevin_jax.evaluation import external as external_lib
 from kevin_jax.evaluation import metrics as metrics_lib
 from kevin_jax.evaluation import records, report
 from kevin_jax.evaluation.beam import BeamConfig, BeamSearch, beam_summary
-from kevin_jax.placement import require_gpu_for_kernels
+from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
 from kevin_jax.rl import advantages
 from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.tasks import Split, Task, load_split, load_tasks, resolve_split, select
@@ -192,6 +193,9 @@ def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task]
         BeamConfig(options.beam_width, options.beam_block_turns).check(env_config.num_trajectories,
                                                                        env_config.num_turns)
     evaluator = get_evaluator()
+    # overlapped rounds (env.overlap): on a GPU it shares with the evaluator, the sampler yields to kernel timing
+    share_gpus_with_evaluator(policy, evaluator, shared_gpus(spec.gpu.jax_devices, spec.eval.devices,
+                                                             visible_gpu_count()))
     runner = episode.EpisodeRunner(policy, evaluator, tokenizer, env_config, spec.reward)
     log.info("evaluating %s on %d task(s) (%s, %s): %d trajectories x %d turns", description, len(tasks),
              "--tasks" if options.tasks else f"part {options.part!r}", split_from, env_config.num_trajectories,

@@ -54,11 +54,11 @@ def tasks():
 
 
 def test_rounds_are_batched_and_trajectories_follow_contract_4():
-    runner, policy, evaluator = make_runner(kevin_like_script())
+    runner, policy, evaluator = make_runner(kevin_like_script(), pipeline_groups=1, overlap=False)
     result = runner.run(tasks(), step=7, seed=11)
     trajs = result.trajectories
     assert len(trajs) == 8 and [len(t.turns) for t in trajs] == [3] * 8
-    # one generate and one evaluate call per round, for the whole batch
+    # one pipeline group: one generate and one evaluate call per round, for the whole batch
     assert len(policy.calls) == 3 and [len(c["prompts"]) for c in policy.calls] == [8, 8, 8]
     assert [c["seed"] for c in policy.calls] == [round_seed(11, 7, r) for r in range(3)]
     assert len({round_seed(11, 7, r) for r in range(3)} | {round_seed(12, 7, 0)}) == 4
@@ -67,7 +67,8 @@ def test_rounds_are_batched_and_trajectories_follow_contract_4():
     ids = [r.request_id for b in evaluator.batches for r in b]
     assert len(set(ids)) == 24 and ids[0] == "step7/L1/1_LeakyReLU/traj0/turn0"
     assert [(r.round, r.live) for r in result.rounds] == [(0, 8), (1, 8), (2, 8)]
-    assert all(r.total_s >= r.generate_s + r.evaluate_s for r in result.rounds)
+    assert all(r.total_s >= r.generate_s + r.evaluate_s for r in result.rounds)      # sequential: no overlap
+    assert result.timing.wall_s >= result.timing.sampling_s + result.timing.evaluation_s
     for traj in trajs:
         d = json.loads(json.dumps(traj.to_dict()))
         assert set(d) == {"task_id", "traj_index", "step", "seed", "turns"} and (d["step"], d["seed"]) == (7, 11)
@@ -75,6 +76,25 @@ def test_rounds_are_batched_and_trajectories_follow_contract_4():
             assert set(turn) == TURN_KEYS
             assert set(turn["parsed"]) == {"thought", "thought_complete", "code", "summary", "format_error"}
             assert turn["verdict"]["request_id"].endswith(f"/turn{turn['turn']}")
+
+
+def test_pipeline_groups_split_the_tasks_with_a_seed_per_group_and_round():
+    """Two groups (the default): each round is one policy call and one evaluation per group (its tasks'
+    trajectories, in order), seeded by (seed, step, round, group); group 0 keeps the one-group seed."""
+    runner, policy, evaluator = make_runner(kevin_like_script(), overlap=False)
+    assert runner.env.pipeline_groups == 2 and EnvConfig().overlap and EnvConfig().pipeline_groups == 2
+    result = runner.run(tasks(), step=7, seed=11)
+    assert [len(t.turns) for t in result.trajectories] == [3] * 8
+    assert [(t.task_id, t.traj_index) for t in result.trajectories] == [(i, j) for i in TASK_IDS for j in range(4)]
+    assert [len(c["prompts"]) for c in policy.calls] == [4] * 6
+    assert [c["seed"] for c in policy.calls] == [round_seed(11, 7, r, g) for r in range(3) for g in range(2)]
+    assert round_seed(11, 7, 1, 0) == round_seed(11, 7, 1) and len({c["seed"] for c in policy.calls}) == 6
+    assert [b[0].request_id for b in evaluator.batches[:2]] == ["step7/L1/1_LeakyReLU/traj0/turn0",
+                                                                "step7/L2/6_Gemm_ScaledSigmoid_Sum/traj0/turn0"]
+    assert [(r.round, r.live) for r in result.rounds] == [(0, 8), (1, 8), (2, 8)]
+    timing = result.timing
+    assert (timing.groups, timing.overlap, len(timing.parts)) == (2, False, 6)
+    assert [(p.group, p.round) for p in timing.parts] == [(g, r) for r in range(3) for g in range(2)]
 
 
 def test_prompts_carry_code_summary_and_feedback_never_thoughts():
@@ -142,7 +162,7 @@ def test_early_stop_modes(mode, turns):
     trajs = runner.run(tasks()).trajectories
     assert [len(t.turns) for t in trajs] == turns
     if mode == "first_correct":
-        assert [len(c["prompts"]) for c in policy.calls] == [8, 8]
+        assert sum(len(c["prompts"]) for c in policy.calls) == 16
 
 
 def test_no_improvement_stops_at_the_first_turn_that_does_not_beat_the_best():
@@ -150,7 +170,7 @@ def test_no_improvement_stops_at_the_first_turn_that_does_not_beat_the_best():
                                     early_stop="no_improvement")
     trajs = runner.run(tasks()).trajectories
     assert [len(t.turns) for t in trajs] == [3] * 8  # wrong, 1.8, 1.5 (no improvement) -> stop
-    assert [len(c["prompts"]) for c in policy.calls] == [8, 8, 8]
+    assert sum(len(c["prompts"]) for c in policy.calls) == 24
 
 
 def test_budget_drops_earliest_attempts_within_an_episode():
@@ -231,6 +251,8 @@ def test_bad_inputs():
         EnvConfig(early_stop="sometimes")
     with pytest.raises(ValueError, match="num_turns"):
         EnvConfig(num_turns=0)
+    with pytest.raises(ValueError, match="pipeline_groups"):
+        EnvConfig(pipeline_groups=0)
     with pytest.raises(TypeError):
         EnvConfig(num_turn=4)
 

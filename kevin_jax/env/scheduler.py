@@ -1,0 +1,332 @@
+"""When the parts of a step run: policy calls and evaluations, overlapped (kevin_jax.env.episode says what they do).
+
+A step's tasks are split into pipeline groups (env.pipeline_groups); a *part* is one group's round: one policy call
+for the group's live trajectories, then one evaluation of their answers. A group's next part needs its verdicts (the
+next prompt shows the feedback), but other groups need not wait for them:
+
+    sequential (env.overlap=False)        overlapped (env.overlap=True), 2 groups
+    sample g0 r0 |                        sample g0 r0 | sample g1 r0 |              | sample g0 r1 | sample g1 r1
+                 | evaluate g0 r0 |                    | evaluate g0 r0 ..........   |              | evaluate ...
+                   sample g1 r0 |                                     | evaluate g1 r0 ..........   |
+                                | evaluate g1 r0 | ...
+
+One loop on the caller's thread does every policy call (JAX); evaluations are asynchronous (cuda_eval.api's
+Evaluator.submit: compiles on CPU workers, runs on the GPU pool, a future per request). The loop generates whatever
+part is ready; when none is, it waits for an evaluation to finish, scores it and renders that group's next part. Each
+part's prompts, seed and request ids depend only on its own group's history, so the trajectories are the same in
+either mode and whatever order the verdicts arrive in; only the times differ. A step then costs about
+max(sampling, evaluation) plus one part's sampling and one part's evaluation (the pipeline's fill and drain) instead
+of their sum. On a GPU that the sampler shares with the evaluator, `share_gpus_with_evaluator` makes the sampler hold
+the evaluator's device share around each device call, so that no kernel is timed while the policy samples.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from cuda_eval.api import EvalRequest, EvalResult
+
+log = logging.getLogger(__name__)
+
+# A wait for verdicts says so in the log at this interval (cold compiles take minutes: not a hang).
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclasses.dataclass
+class PartTiming:
+    """When one part's stages happened, in seconds from the start of the step's episode."""
+    group: int
+    round: int
+    requests: int = 0
+    sample_start: float = 0.0   # the policy call (with decoding and parsing of its answers)
+    sample_end: float = 0.0
+    submitted: float = 0.0      # the answers handed to the evaluator
+    verdicts_in: float = 0.0    # the last verdict of the part arrived
+    scored: float = 0.0         # turns recorded, the group's next prompts rendered
+    failures: int = 0           # requests whose evaluation failed (they got a failure verdict)
+
+    @property
+    def sample_s(self) -> float:
+        return self.sample_end - self.sample_start
+
+    @property
+    def evaluate_s(self) -> float:
+        return self.verdicts_in - self.submitted
+
+
+@dataclasses.dataclass
+class StepTiming:
+    """What the overlap bought. sampling_s: the policy busy (sum of its calls); evaluation_s: wall time with at least
+    one evaluation outstanding; wall_s: the whole episode. wall_over_max is 1.0 for a perfect overlap, and
+    (sampling + evaluation) / max(sampling, evaluation) for none."""
+    wall_s: float
+    sampling_s: float
+    evaluation_s: float
+    overlap: bool
+    groups: int
+    parts: list[PartTiming]
+
+    @property
+    def wall_over_max(self) -> float:
+        return self.wall_s / max(self.sampling_s, self.evaluation_s, 1e-9)
+
+    @property
+    def failures(self) -> int:
+        return sum(p.failures for p in self.parts)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "wall_over_max": self.wall_over_max}
+
+
+@dataclasses.dataclass(eq=False)
+class Part:
+    """One pipeline group's round. `state` is the environment's (its trajectories, prompts, answers); the scheduler
+    fills `requests`, `verdicts` (plain dicts, one per request, in order) and `timing`."""
+    group: int
+    round: int
+    state: Any
+    requests: list[EvalRequest] = dataclasses.field(default_factory=list)
+    verdicts: list[dict] = dataclasses.field(default_factory=list)
+    timing: PartTiming | None = None
+    futures: list[concurrent.futures.Future] = dataclasses.field(default_factory=list, repr=False)
+
+
+def split_groups(items: Sequence[Any], groups: int) -> list[list[Any]]:
+    """`items` in at most `groups` contiguous, non-empty runs whose sizes differ by at most one (in order)."""
+    n = min(max(1, groups), len(items))
+    bounds = [len(items) * g // n for g in range(n + 1)]
+    return [list(items[bounds[g]:bounds[g + 1]]) for g in range(n)]
+
+
+def interval_union(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by the intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def failed_verdict(request: EvalRequest, error: str, mode: str = "full", format_ok: bool = True) -> dict:
+    """The verdict of a request whose evaluation failed (the evaluator raised, or returned something that is not a
+    verdict of this request): an internal error, not the candidate's fault, scored 0 as cuda_eval's own internal
+    errors are, with feedback that says the kernel was not judged."""
+    result = EvalResult(
+        request_id=request.request_id, task_id=request.task_id, mode=mode, format_ok=format_ok,
+        runtime_error=f"internal evaluator error (not the candidate's fault): the evaluation failed: {error}",
+        feedback="The evaluation of this program failed for a reason unrelated to its code (an internal evaluator "
+                 "error); it was not judged.",
+        meta={"internal_error": True, "evaluation_failed": error[:2000]})
+    return result.to_dict()
+
+
+class _Submitter:
+    """Asynchronous evaluation: the evaluator's own `submit` (cuda_eval.api.Evaluator: a future per request), or, for
+    an evaluator with only a blocking `evaluate` (test fakes), that call on one background thread."""
+
+    def __init__(self, evaluator: Any):
+        self.evaluator = evaluator
+        self._submit = getattr(evaluator, "submit", None)
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def submit(self, requests: list[EvalRequest]) -> list[concurrent.futures.Future]:
+        if self._submit is not None:
+            futures = list(self._submit(requests))
+            if len(futures) != len(requests):
+                raise RuntimeError(f"evaluator.submit returned {len(futures)} futures for {len(requests)} requests")
+            return futures
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kevin-evaluate")
+        futures = [concurrent.futures.Future() for _ in requests]
+        batch = self._thread.submit(self.evaluator.evaluate, list(requests))
+
+        def fan_out(done: concurrent.futures.Future) -> None:
+            try:
+                results = list(done.result())
+                if len(results) != len(requests):
+                    raise RuntimeError(f"evaluator.evaluate returned {len(results)} results for {len(requests)} "
+                                       "requests")
+            except BaseException as e:  # noqa: BLE001 - becomes each request's failure verdict
+                for f in futures:
+                    f.set_exception(e)
+                return
+            for f, r in zip(futures, results):
+                f.set_result(r)
+        batch.add_done_callback(fan_out)
+        return futures
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+class Scheduler:
+    """Runs parts through the policy (`sample`, on the caller's thread) and the evaluator (asynchronously), scoring
+    each part as its verdicts arrive. overlap=False: each part's evaluation is awaited before the next policy call
+    (the sequential runner). `mode` names the evaluator's mode in failure verdicts."""
+
+    def __init__(self, evaluator: Any, overlap: bool, mode: str = "full"):
+        self.evaluator = evaluator
+        self.overlap = overlap
+        self.mode = mode
+
+    def run(self, parts: Iterable[Part], sample: Callable[[Part], list[EvalRequest]],
+            score: Callable[[Part], Part | None], groups: int = 1, start: float | None = None) -> StepTiming:
+        """sample(part) -> the part's evaluation requests (it calls the policy); score(part) -> the group's next part
+        or None (it reads part.verdicts). Parts are sampled in the order they become ready. Times count from `start`
+        (a time.perf_counter() value; default: now)."""
+        self._start = time.perf_counter() if start is None else start
+        ready = collections.deque(parts)
+        finished: queue.SimpleQueue[Part] = queue.SimpleQueue()
+        submitter = _Submitter(self.evaluator)
+        done: list[PartTiming] = []
+        in_flight = 0
+        try:
+            while ready or in_flight:
+                block = True
+                if ready and (self.overlap or not in_flight):
+                    self._launch(ready.popleft(), sample, submitter, finished)
+                    in_flight += 1
+                    block = False
+                while in_flight:     # score what is in (waiting only when nothing can be sampled meanwhile)
+                    part = self._next_finished(finished, block, in_flight)
+                    if part is None:
+                        break
+                    in_flight -= 1
+                    block = False
+                    self._collect(part)
+                    following = score(part)
+                    part.timing.scored = self._now()
+                    done.append(part.timing)
+                    if following is not None:
+                        ready.append(following)
+        finally:
+            submitter.close()
+        wall = self._now()
+        total = sum(p.requests for p in done)
+        failures = sum(p.failures for p in done)
+        if total and failures == total:
+            raise RuntimeError(f"the evaluator failed on all {total} requests of the step (see the errors above); "
+                               "no verdict to learn from")
+        return StepTiming(wall_s=wall, sampling_s=sum(p.sample_s for p in done),
+                          evaluation_s=interval_union((p.submitted, p.verdicts_in) for p in done),
+                          overlap=self.overlap, groups=groups, parts=done)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._start
+
+    def _launch(self, part: Part, sample, submitter: _Submitter, finished: queue.SimpleQueue) -> None:
+        timing = part.timing = PartTiming(part.group, part.round)
+        timing.sample_start = self._now()
+        part.requests = list(sample(part))
+        timing.sample_end = timing.submitted = self._now()
+        timing.requests = len(part.requests)
+        try:
+            part.futures = submitter.submit(part.requests)
+        except Exception as e:  # noqa: BLE001 - every request of the part gets a failure verdict
+            part.futures = [_failed_future(e) for _ in part.requests]
+        remaining = [len(part.futures)]
+        lock = threading.Lock()
+
+        def on_done(_future) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                timing.verdicts_in = self._now()
+                finished.put(part)
+        if not part.futures:
+            timing.verdicts_in = self._now()
+            finished.put(part)
+        for future in part.futures:
+            future.add_done_callback(on_done)
+
+    def _next_finished(self, finished: queue.SimpleQueue, block: bool, in_flight: int) -> Part | None:
+        if not block:
+            try:
+                return finished.get_nowait()
+            except queue.Empty:
+                return None
+        waited = time.perf_counter()
+        while True:
+            try:
+                return finished.get(timeout=PROGRESS_EVERY_S)
+            except queue.Empty:
+                log.info("waiting for %d evaluation(s) after %.0f s", in_flight, time.perf_counter() - waited)
+
+    def _collect(self, part: Part) -> None:
+        """The part's verdicts as plain dicts; a failed or malformed one becomes a failure verdict (nothing lost)."""
+        verdicts, errors = [], []
+        for request, future in zip(part.requests, part.futures):
+            try:
+                verdict = _as_dict(future.result())
+                if verdict.get("request_id") not in (None, "", request.request_id):
+                    raise ValueError(f"a verdict for request {verdict.get('request_id')!r} came back for "
+                                     f"{request.request_id!r}")
+            except Exception as e:  # noqa: BLE001
+                error = f"{type(e).__name__}: {e}"
+                errors.append(error)
+                verdict = failed_verdict(request, error, self.mode, format_ok=bool(request.response))
+            verdicts.append(verdict)
+        part.verdicts = verdicts
+        part.timing.failures = len(errors)
+        if errors:
+            log.error("round %d, group %d: the evaluation of %d of %d answers failed (they get a failure verdict, "
+                      "scored 0); first error: %s", part.round, part.group, len(errors), len(verdicts), errors[0])
+
+
+def _failed_future(error: BaseException) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_exception(error)
+    return future
+
+
+def _as_dict(verdict: Any) -> dict:
+    if hasattr(verdict, "to_dict"):
+        return verdict.to_dict()
+    if isinstance(verdict, Mapping):
+        return dict(verdict)
+    raise TypeError(f"the evaluator returned a {type(verdict).__name__}, not a verdict")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The GPU shared by the sampler and the evaluator
+
+def share_gpus_with_evaluator(policy: Any, evaluator: Any, gpus: Sequence[int]) -> bool:
+    """On `gpus` (indices that the sampler and the evaluator both use, kevin_jax.placement.shared_gpus), makes the
+    sampler hold the evaluator's device share (cuda_eval.api.Evaluator.device_share) around each of its device calls
+    (one prefill or decode call: SamplerEngine's device_guard), so that a kernel is never timed while the policy
+    samples and timing waits at most one call (docs/LOG.md, "the GPU shared with a sampler: timing waits for one
+    decode call"). Compiles (CPU) overlap with anything. Returns whether a guard is in place."""
+    device_share = getattr(evaluator, "device_share", None)
+    if not gpus or device_share is None:
+        return False
+    shares = [s for s in (device_share(g) for g in gpus) if not isinstance(s, contextlib.nullcontext)]
+    if not shares:          # the evaluator runs nothing on a GPU (compile-only)
+        return False
+    engine = getattr(policy, "engine", None)
+    if engine is None or not hasattr(engine, "device_guard"):
+        log.warning("GPU(s) %s are shared with the evaluator but the policy (%s) has no device guard: kernel "
+                    "timings may overlap its sampling; set env.overlap=False", list(gpus), type(policy).__name__)
+        return False
+    engine.device_guard = (lambda: shares[0]) if len(shares) == 1 else (lambda: _hold_all(shares))
+    log.info("GPU(s) %s shared by the sampler and the evaluator: the sampler holds the evaluator's device share "
+             "around each device call", list(gpus))
+    return True
+
+
+@contextlib.contextmanager
+def _hold_all(shares: Sequence[Any]):
+    with contextlib.ExitStack() as stack:
+        for share in shares:        # always the same order: no two holders wait for each other
+            stack.enter_context(share)
+        yield
