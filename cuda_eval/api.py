@@ -24,7 +24,7 @@ import subprocess
 import time
 from typing import Any, Sequence
 
-from cuda_eval import checks, feedback, profiles
+from cuda_eval import checks, feedback, kernel_profile, profiles
 from cuda_eval.candidate import extract_code  # re-exported: env.parse uses the same extraction
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
 
@@ -309,6 +309,9 @@ class Evaluator:
         self.ref_cache = ReferenceTimingCache(
             None if not config.ref_timing_cache else
             (config.ref_timing_cache_dir or (os.path.join(cache_root, "ref_timing") if cache_root else None)))
+        # profile feedback: the tools the worker runs on the candidate's build (resolved once, here)
+        self.profile_tools = {"cuobjdump": kernel_profile.find_cuobjdump(
+            getattr(getattr(self.compile_pool, "toolchain", None), "cuda_home", None))}
         self._closed = False
 
     # construction of the pools
@@ -347,7 +350,7 @@ class Evaluator:
             extraction, error = _extract(request)
             key = None
             if self.config.share_identical and extraction is not None and extraction.code is not None:
-                key = (request.task_id, task_hash(request.task_source), extraction.code)
+                key = (request.task_id, task_hash(request.task_source), extraction.code, request.feedback)
             if key is not None and key in first:
                 futures.append(_shared(first[key], request))
                 continue
@@ -523,6 +526,8 @@ class Evaluator:
                            "method": cfg.timing_method},
                 "timing_input_sets": cfg.timing_input_sets, "timing_inputs_max_bytes": cfg.timing_inputs_max_bytes,
                 "ref_compile": cfg.ref_compile,
+                "kernel_profile": kind == "evaluate" and (cfg.kernel_profile or state.request.feedback == "profile"),
+                "kernel_profile_timeout_s": cfg.kernel_profile_timeout_s, "profile_tools": self.profile_tools,
                 "dynamic": {"require_custom_kernel": cfg.require_custom_kernel,
                             "forbid_python_torch_compute": cfg.forbid_python_torch_compute,
                             "forbid_reference_ops": cfg.forbid_reference_ops,
@@ -627,7 +632,14 @@ class Evaluator:
         r.meta["profile"] = self.config.profile
         r.hack_flags, advisory = profiles.split_flags(r.hack_flags, self.config.profile)
         r.advisory_flags = r.advisory_flags + advisory
-        r.feedback = feedback.render(r, self.config.max_feedback_chars)
+        mode = state.request.feedback
+        r.feedback = feedback.render(r, self.config.max_feedback_chars, mode=mode)
+        if mode == "profile" and r.correct and not r.hack_flags:
+            why = feedback.profile_unavailable(r)
+            r.meta["feedback"] = "kevin" if why else "profile"
+            if why:   # the plain text was given instead: say why, once per verdict
+                r.meta["feedback_fallback"] = why
+                log.info("cuda_eval: %s: no profile in the feedback (%s)", r.request_id or r.task_id, why)
         if not state.future.done():
             state.future.set_result(r)
         return state.future

@@ -5,10 +5,17 @@ allow-list's message); compile error (trimmed log);
 runtime error (crash, timeout, exception); reference failure (not the model's fault); incorrect (which trial, max
 abs/rel error, shape/dtype mismatch); correct but rejected (dynamic flags); compiled only (no GPU); correct with its
 timing and speedup.
+
+`mode="profile"` (EvalRequest.feedback, the trainer's env.feedback) adds to the correct branch a short profile of
+the candidate's kernels and the reference's (kernel_profile.render_feedback: launches, GPU time per kernel, launch
+configuration, registers, spills, occupancy, bytes and FLOPs over the measured time). Without a usable profile the
+text is exactly the "kevin" one (`profile_unavailable` says why).
 """
 from __future__ import annotations
 
 from typing import Any
+
+from cuda_eval import kernel_profile
 
 
 def _trim(text: str, limit: int) -> str:
@@ -20,8 +27,20 @@ def _flags_text(flags: list[dict]) -> str:
     return "\n".join(f"- {f['reason']}" for f in flags)
 
 
-def render(result: Any, max_chars: int = 3000) -> str:
-    """Feedback for an EvalResult (or anything with the same attributes)."""
+def profile_unavailable(result: Any) -> str | None:
+    """Why a correct kernel's profile feedback fell back to the plain text; None when the profile is usable."""
+    profile = (getattr(result, "meta", None) or {}).get("kernel_profile")
+    if not isinstance(profile, dict):
+        return "no profile was taken"
+    if profile.get("error"):
+        return str(profile["error"])[:300]
+    if kernel_profile.render_feedback(profile) is None:
+        return "the profile holds nothing to show"
+    return None
+
+
+def render(result: Any, max_chars: int = 3000, mode: str = "kevin") -> str:
+    """Feedback for an EvalResult (or anything with the same attributes); `mode` "kevin" or "profile"."""
     r = result
     if not r.format_ok:
         return _trim(f"Your answer could not be evaluated: {r.format_error}. Reply with the complete program in one "
@@ -80,4 +99,9 @@ def render(result: Any, max_chars: int = 3000) -> str:
     if advisory:
         text += ("\nAccepted under this evaluation's rules, but Kevin's training rules would reject it for:\n"
                  + _flags_text(advisory))
+    if mode == "profile":
+        budget = min(kernel_profile.FEEDBACK_PROFILE_CHARS, max_chars - len(text) - 1)
+        profile = kernel_profile.render_feedback((r.meta or {}).get("kernel_profile"), budget) if budget > 80 else None
+        if profile:
+            text += "\n" + profile
     return _trim(text, max_chars)

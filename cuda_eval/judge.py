@@ -15,12 +15,16 @@ under another uid) and the job. The judge then
  4. bounds the candidate's own timing: it fixes the number of repetitions, measures the wall time of the timed
     loop with its own clock (the reported times must account for it) and checks the outputs of the timed calls;
  5. answers the pool with the verdict on its own socket. Nothing the worker writes anywhere else is read.
+Profile feedback (a request with feedback="profile", or EvalConfig.kernel_profile): once the verdict is complete
+(final checks included), the worker profiles the candidate and the judge the reference (kernel_profiler.py); the
+result goes to meta["kernel_profile"] as advisory data and nothing of it, not even a failure, changes the verdict.
 What the candidate can still forge (checks that run inside its own process, times it under-reports while skipping
 work in the timed loop) is listed in docs/EVALUATOR.md, "Trust boundary".
 """
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import socket
@@ -31,7 +35,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval import channel, compare, dynamic_checks, timing, wire
+from cuda_eval import channel, compare, dynamic_checks, kernel_profile, kernel_profiler, timing, wire
 from cuda_eval.channel import ChannelError
 from cuda_eval.compare import bitwise_equal, compare_outputs, tensors_in
 from cuda_eval.harness import (FRESH_SEED, MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
@@ -45,6 +49,9 @@ ESTIMATE_REPS = 3
 WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
 WALL_FIXED_S = 0.1            # ... plus this (process scheduling, the messages)
 CONTROL_MESSAGE_BYTES = 1 << 20
+REFERENCE_PROFILES_KEPT = 256  # reference profiles kept per judge (a task's reference is profiled once per judge)
+_REFERENCE_PROFILES: dict[str, dict] = {}
+_DEVICE_FACTS: dict = {}       # copy bandwidth and occupancy limits, measured at the first profile
 # What a worker may add to the verdict's meta (anything else it sends is dropped: it is candidate-controlled).
 WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "candidate_ops", "python_ops",
                "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams", "own_kernel_launches",
@@ -251,7 +258,13 @@ class Job:
                 self.phase("kernel_trace")
                 self.ask("kernel_trace", "traced")
         self.phase("final_checks")
-        self.ask("finish", "final")
+        # The worker stays for a profile only after its final checks: a candidate that crashes or hangs when it is
+        # profiled has nothing left to escape.
+        profile_next = self.kind == "evaluate" and bool(self.cfg.get("kernel_profile")) and bool(self.timing)
+        self.ask("finish", "final", stay=profile_next)
+        if profile_next and not self.flags:
+            self.phase("profile")
+            self.meta["kernel_profile"] = self.kernel_profile()
         if self.cfg.get("ref_compile") and self.device.type == "cuda":
             # Here, not in the candidate's process: torch.compile patches torch.nn.Module and starts threads,
             # which the worker's checks would pin on the candidate.
@@ -469,6 +482,109 @@ class Job:
         if not result["passed"]:
             self.flag("cached_output", "after the inputs were overwritten in place (same addresses), the output "
                                        f"did not follow: {result['message']}")
+
+    # profile feedback (advisory: nothing here changes the verdict)
+    def kernel_profile(self) -> dict:
+        """meta["kernel_profile"]: the candidate's kernels (profiled in its worker), the reference's (here, once per
+        task and judge), the whole forward's bytes and FLOPs over the measured times. Never raises: a failed part is
+        a reason in the dict ("error" when the candidate's own profile is missing)."""
+        started = _monotonic()
+        deadline = min(self.deadline, started + float(self.cfg.get("kernel_profile_timeout_s", 30.0)))
+        notes: dict[str, str] = {}
+        cost: dict[str, float] = {}
+        try:
+            facts = self._device_facts(deadline)
+        except Exception as e:  # noqa: BLE001
+            facts, notes["device"] = {}, f"{type(e).__name__}: {e}"[:300]
+        limits = kernel_profile.DeviceLimits.from_dict(facts["limits"]) if facts.get("limits") else None
+        t0 = _monotonic()
+        resources: dict = {}
+        try:
+            raw = self._ask_profile(kernel_profiler.forwards_for(float(self.timing["median_ms"])), deadline)
+            cand = kernel_profile.sanitize_side(raw)
+            if isinstance(raw, dict):
+                resources = kernel_profile.sanitize_resources(raw.get("resources"))
+                if raw.get("resources_error"):
+                    notes["resources"] = str(raw["resources_error"])[:300]
+                if isinstance(channel.finite(raw.get("cost_s")), float):
+                    cost["worker"] = round(float(raw["cost_s"]), 4)
+        except (WorkerLost, CandidateError, ChannelError) as e:
+            cand = {"error": f"the worker did not profile the candidate: {getattr(e, 'message', None) or e}"[:500]}
+        except Exception as e:  # noqa: BLE001 - a malformed answer, or a bug of ours: a reason, not a verdict
+            cand = {"error": f"{type(e).__name__}: {e}"[:500]}
+        cost["candidate"] = round(_monotonic() - t0, 4)
+        t0 = _monotonic()
+        ref = self._reference_profile()
+        cost["reference"] = round(_monotonic() - t0, 4)
+        if not cand.get("error"):
+            kernel_profile.annotate(cand, limits, resources, self.payload.get("kernel_names") or [])
+        side = ref.get("side") or {"error": ref.get("error", "no reference profile")}
+        if not side.get("error"):
+            side = kernel_profile.annotate(dict(side, kernels=[dict(k) for k in side.get("kernels", [])]), limits)
+        out = {"version": kernel_profile.VERSION,
+               "device": {"type": self.device.type, "name": self.device.name,
+                          "capability": self.device.info.get("capability"), "copy_gbps": facts.get("copy_gbps"),
+                          "sm_count": (facts.get("limits") or {}).get("sm_count")},
+               "candidate": cand, "reference": dict(side, cached=bool(ref.get("cached"))),
+               "forward": kernel_profile.forward_summary(
+                   time_ms=(self.timing or {}).get("median_ms"), input_bytes=ref.get("input_bytes", 0),
+                   param_bytes=ref.get("param_bytes", 0), output_bytes=self.output_bytes,
+                   copy_gbps=facts.get("copy_gbps"), flops=ref.get("flops"),
+                   ref_time_ms=(self.ref_timing or {}).get("median_ms")),
+               "notes": notes, "cost_s": dict(cost, total=round(_monotonic() - started, 4))}
+        if cand.get("error"):
+            out["error"] = f"candidate: {cand['error']}"
+        return out
+
+    def _ask_profile(self, forwards: int, deadline: float) -> Any:
+        """The worker's profile: its answer's flags and meta are not read (nothing after the final checks counts)."""
+        self.send("profile", forwards=forwards, tools=self.cfg.get("profile_tools") or {})
+        header, _ = channel.recv(self.sock, max_header=CONTROL_MESSAGE_BYTES, deadline=deadline)
+        if header.get("op") != "profiled":
+            raise WorkerLost("protocol", f"expected 'profiled' from the worker, got {str(header.get('op'))[:40]!r}")
+        return header.get("profile")
+
+    def _device_facts(self, deadline: float) -> dict:
+        """Copy bandwidth (measured once per judge, holding the device lock: no timing runs meanwhile) and the
+        occupancy limits of the device."""
+        if not _DEVICE_FACTS:
+            with self.device.exclusive(deadline):
+                gbps = kernel_profiler.copy_bandwidth(self.device.type)
+            _DEVICE_FACTS.update(copy_gbps=round(gbps, 1) if gbps else None,
+                                 limits=kernel_profiler.device_limits(self.device.type))
+        return _DEVICE_FACTS
+
+    def _reference_profile(self) -> dict:
+        """The reference's profile, FLOPs and bytes: {side, flops, input_bytes, param_bytes, cached} or {error}."""
+        key = hashlib.sha256(self.payload["task_source"].encode()).hexdigest() + f"|{self.seed}"
+        if key in _REFERENCE_PROFILES:
+            return dict(_REFERENCE_PROFILES[key], cached=True)
+        try:
+            inputs = self.inputs(self.seed + TIMING_SEED)
+
+            def call(i: int) -> None:
+                set_seed(self.seed)
+                self.ref_model(*inputs)
+
+            found: dict[str, Any] = {"input_bytes": tree_nbytes(inputs),
+                                     "param_bytes": kernel_profiler.model_bytes(self.ref_model)}
+            try:
+                found["flops"] = kernel_profiler.count_flops(
+                    lambda: self.ref_model(*map_tree(inputs, lambda t: t.clone())))
+            except Exception as e:  # noqa: BLE001 - no FLOP count for this task
+                found["flops_error"] = f"{type(e).__name__}: {e}"[:200]
+            raw = kernel_profiler.profile_forwards(
+                call, kernel_profiler.forwards_for(float((self.ref_timing or {}).get("median_ms") or 1.0)),
+                device_type=self.device.type, flush_bytes=timing.l2_flush_bytes(self.device.type),
+                gate_cycles_per_ms=self.device.info.get("gate_cycles_per_ms"),
+                forward_ms=float((self.ref_timing or {}).get("median_ms") or 0.0), workdir=os.getcwd())
+            found["side"] = kernel_profile.sanitize_side(raw)
+        except BaseException as e:  # noqa: BLE001 - the reference's or our failure: a reason
+            return {"error": format_exception(e, "profiling the reference")[:500]}
+        if len(_REFERENCE_PROFILES) >= REFERENCE_PROFILES_KEPT:
+            _REFERENCE_PROFILES.pop(next(iter(_REFERENCE_PROFILES)))
+        _REFERENCE_PROFILES[key] = found
+        return dict(found, cached=False)
 
     def _time_compiled_reference(self) -> dict | None:
         """torch.compile(reference) on the timing inputs, with the same timing settings."""

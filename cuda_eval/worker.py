@@ -15,7 +15,10 @@ the judge with the job). Steps, each answered on the socket:
                  the timing inputs, a timed loop of the judge's length (the times sent back), the last output;
   freshness      timing set 0 overwritten in place (same addresses), the output sent back;
   kernel_trace   (CUDA) the fork check and the pile-up check of side streams, the own kernels ran;
-  finish         identities and threads against the snapshot taken before the candidate was imported; then exit.
+  finish         identities and threads against the snapshot taken before the candidate was imported; then exit,
+                 unless the judge asks for a profile next (stay=True): the verdict is complete by then;
+  profile        (profile feedback) a few forwards under the CUDA profiler and cuobjdump on the candidate's build
+                 (kernel_profiler.py); advisory data, never a flag, and the judge reads nothing else of this answer.
 Flags raised here are reported with every answer. They come from checks inside the candidate's own process, which a
 candidate that attacks the harness itself can evade: docs/EVALUATOR.md, "Trust boundary".
 """
@@ -33,7 +36,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval import channel, dynamic_checks, harness, timing, wire
+from cuda_eval import channel, dynamic_checks, harness, kernel_profiler, timing, wire
 from cuda_eval.channel import ChannelError
 from cuda_eval.compare import bitwise_equal, non_plain_tensors, overlaps, tensors_in
 from cuda_eval.harness import (CANDIDATE_MODULE, FRESH_FIRST_SEED, FRESH_LAYOUT_SEED, FRESH_SEED, CandidateError,
@@ -57,6 +60,7 @@ TRACE_REPEAT_MAX_MS = 25.0    # slower candidates are called once there (their s
 GATE_MIN_MS = 2.0             # the fork check's gate: at least this long, and 4x the measured forward time
 GATE_MAX_MS = 250.0           # ...at most (a forward that synchronises the device waits for the whole gate)
 GATE_SETTLE_S = 0.001         # after forward returns, the gate must still hold this long (launched work starts)
+TIMING_PROFILE_SEED = 999     # inputs of the profile step when no timing set exists
 
 
 class Worker:
@@ -94,7 +98,8 @@ class Worker:
         """Answer the judge's steps until "finish" (or the judge goes away)."""
         handlers = {"job": self.load, "trial": self.trial, "trace": self.trace_forward,
                     "timing_sets": self.make_timing_sets, "time": self.time, "timed_output": self.timed_output,
-                    "freshness": self.check_freshness, "kernel_trace": self.trace_kernels, "finish": self.finish}
+                    "freshness": self.check_freshness, "kernel_trace": self.trace_kernels, "finish": self.finish,
+                    "profile": self.profile}
         while True:
             try:
                 if self.shared is None:  # the job comes with the shared buffer for the outputs
@@ -117,7 +122,7 @@ class Worker:
                 self.reply("error", message=str(e))
             except ChannelError:
                 return
-            if op == "finish":
+            if op == "finish" and not header.get("stay"):
                 return
 
     def call(self, inputs, seed: int, who: str):
@@ -294,6 +299,44 @@ class Worker:
         self.check_identities("at the end")
         self.check_threads()
         self.reply("final")
+
+    def profile(self, msg: dict) -> None:
+        """Profile feedback, after the verdict is complete: never a verdict or a flag, whatever happens here."""
+        started = _monotonic()
+        try:
+            raw = self._profile(msg)
+        except BaseException as e:  # the candidate's exceptions and ours alike: a reason for the judge
+            raw = {"error": format_exception(e, "profiling ModelNew.forward")[:500]}
+        raw["cost_s"] = round(_monotonic() - started, 4)
+        self.reply("profiled", profile=raw)
+
+    def _profile(self, msg: dict) -> dict:
+        forwards = max(1, min(10, int(msg.get("forwards", 1))))
+        cuda = self.device.type == "cuda"
+        so_paths = [m["so_path"] for m in self.job.get("modules", []) if m.get("so_path")]
+        tools = msg.get("tools") if isinstance(msg.get("tools"), dict) else {}
+        dump = kernel_profiler.start_cuobjdump(tools.get("cuobjdump"), so_paths) if cuda else "not on a GPU"
+        try:
+            sets = self.timing_sets or [self.make_inputs(self.seed + TIMING_PROFILE_SEED)]
+            model = self.cand_model
+
+            def call(i: int) -> None:
+                set_seed(self.seed)
+                model(*sets[i % len(sets)])
+
+            raw = kernel_profiler.profile_forwards(
+                call, forwards, device_type=self.device.type, flush_bytes=timing.l2_flush_bytes(self.device.type),
+                gate_cycles_per_ms=self.device.info.get("gate_cycles_per_ms"), forward_ms=self._forward_ms(),
+                workdir=self.workdir)
+        except BaseException:
+            if not isinstance(dump, str):
+                dump.kill()
+                dump.communicate()
+            raise
+        if cuda:
+            major, minor = (int(x) for x in str(self.device.info.get("capability", "9.0")).split(".")[:2])
+            raw["resources"], raw["resources_error"] = kernel_profiler.finish_cuobjdump(dump, (major, minor))
+        return raw
 
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
