@@ -2,6 +2,8 @@
 block = one pass over the task permutation, so that the task mix averages out) and a PNG.
 
     python analysis/demo_curves.py workdirs/demo/multi_seed0/tensorboard ... --block 3 --out docs/img/demo.png
+    python analysis/demo_curves.py tensorboard_speed_seed0 tensorboard_speed_seed1 --block 1 --plot speed \
+        --out docs/img/demo_speed.png       # mean speedup and fast_1 of correct kernels, all and per turn
 
 Works on the tensorboard dirs that warm_start_demo.sh copies into $OUT (tensorboard_<run>); a run is named by its
 directory (the tensorboard_ prefix dropped, or the parent's name for <workdir>/tensorboard).
@@ -17,8 +19,19 @@ METRICS = {"first-turn correct": "rollout/turn0/correct_rate", "first-turn mean 
            "first-turn parse rate": "rollout/turn0/format_ok_rate",
            "trajectories with a correct kernel": "rollout/best_of_trajectory/correct_rate",
            "correct, all kernels": "rollout/correct_rate", "mean score, all kernels": "rollout/score_mean",
-           "second-turn parse rate": "rollout/turn1/format_ok_rate", "entropy (update 0)": "update0/entropy"}
-PLOTTED = ("first-turn correct", "first-turn parse rate", "entropy (update 0)")
+           "second-turn parse rate": "rollout/turn1/format_ok_rate", "entropy (update 0)": "update0/entropy",
+           # speed (kevin_jax.rl.speed_metrics): correct kernels only
+           "mean speedup of correct kernels": "rollout/speed/mean_speedup",
+           "fast_1 (correct kernels >= 1.0x)": "rollout/speed/fast_1",
+           "fast_1.5 (correct kernels >= 1.5x)": "rollout/speed/fast_1.5",
+           "first-turn mean speedup": "rollout/speed/turn0/mean_speedup",
+           "first-turn fast_1": "rollout/speed/turn0/fast_1",
+           "later-turn mean speedup (turn 2)": "rollout/speed/turn1/mean_speedup",
+           "later-turn fast_1 (turn 2)": "rollout/speed/turn1/fast_1"}
+PLOTS = {"correct": ("first-turn correct", "first-turn parse rate", "entropy (update 0)"),
+         "speed": ("mean speedup of correct kernels", "fast_1 (correct kernels >= 1.0x)", "first-turn fast_1",
+                   "later-turn fast_1 (turn 2)")}
+PLOTTED = PLOTS["correct"]
 
 
 def run_name(logdir: Path) -> str:
@@ -35,6 +48,8 @@ def main() -> None:
     p.add_argument("logdirs", nargs="+", type=Path)
     p.add_argument("--block", type=int, default=3, help="steps per block (steps per epoch of the task sampler)")
     p.add_argument("--out", type=Path, help="PNG of the plotted metrics (3-step means, faint: per step)")
+    p.add_argument("--plot", choices=sorted(PLOTS), default="correct",
+                   help="which metrics the PNG shows: correctness (default) or speed")
     args = p.parse_args()
     runs = {}
     for d in args.logdirs:
@@ -50,8 +65,9 @@ def main() -> None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, len(PLOTTED), figsize=(5 * len(PLOTTED), 4))
-        for ax, label in zip(axes, PLOTTED):
+        plotted = PLOTS[args.plot]
+        fig, axes = plt.subplots(1, len(plotted), figsize=(5 * len(plotted), 4))
+        for ax, label in zip(axes, plotted):
             for name, scalars in runs.items():
                 points = sorted(scalars.get(METRICS[label], []))
                 steps, values = [s for s, _ in points], [v for _, v in points]

@@ -9,6 +9,12 @@ advantage, the sampled tokens' mean NLL and the share of responses with a token 
 over the last 3 steps: a turn that gets worse while another gets better, a turn whose samples are pushed down on
 average (docs/LOG.md, "Kevin's one baseline for all turns pushes the last turn down"), and a turn that un-sharpens
 (docs/LOG.md, "reward.baseline=turn_mean, both seeds").
+Speed (kevin_jax.rl.speed_metrics, the numbers the trainer logs as rollout/speed/*): per step the mean speedup of
+correct kernels, the share of correct kernels at >= 1.0x and >= 1.5x (fast_1, fast_1.5), overall and per turn; their
+slopes with standard errors; and the speed criterion written before the speed demo (docs/LOG.md, "speed variants"):
+per run, the mean of the last 3 steps against step 1, mean speedup of correct kernels up by >= 0.15, fast_1 up by
+>= 0.15, and the all-kernel correct fraction down by no more than 0.05. PNG curves of the mean speedup and of fast_1
+(all kernels, and per turn).
 
     python analysis/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
@@ -28,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
 from kevin_jax.rl.rollout_stats import TAIL_PROB, drew_tail_token, sampled_nll  # noqa: E402
+from kevin_jax.rl.speed_metrics import speed_metrics  # noqa: E402
 
 
 def load_turns(path: Path) -> list[dict]:
@@ -71,7 +78,7 @@ def step_stats(path: Path) -> dict:
             "format_errors": dict(format_errors.most_common(5)),
             "stop_reasons": dict(Counter(t.get("stop_reason") for t in turns)),
             "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n,
-            "per_turn": per_turn}
+            "per_turn": per_turn, "speed": speed_metrics(turns)}
 
 
 CRITERION_LAST_STEPS = 3
@@ -103,6 +110,44 @@ def trend_noise(values: list[float], last: int = CRITERION_LAST_STEPS) -> dict:
     sd = float((y - np.polyval(fit, x)).std(ddof=2))
     return {"slope_per_step": float(fit[0]), "slope_se": sd / float(((x - x.mean()) ** 2).sum()) ** 0.5,
             "residual_sd": sd, "criterion_se": sd * (1 + 1 / last) ** 0.5}
+
+
+SPEED_MARGINS = {"mean_speedup": 0.15, "fast_1": 0.15}     # both must rise by at least this much
+CORRECT_DROP_ALLOWED = 0.05                                 # the all-kernel correct fraction may fall this much
+SPEED_KEYS = ("mean_speedup", "fast_1", "fast_1.5", "score_mean")
+
+
+def speed_series(steps: list[dict], key: str, turn: int | None = None) -> list[float | None]:
+    """A speed metric per step (None where undefined: no correct kernel), all turns or one turn index."""
+    name = key if turn is None else f"turn{turn}/{key}"
+    return [s["speed"].get(name) for s in steps]
+
+
+def speed_criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
+    """The speed demo's criterion (fixed before its run, docs/LOG.md): step 1 against the mean of the last `last`
+    steps; passes when the mean speedup of correct kernels and fast_1 each rose by >= SPEED_MARGINS and the
+    all-kernel correct fraction fell by no more than CORRECT_DROP_ALLOWED. Needs more than `last` steps, and a
+    defined value at step 1 and in the last steps."""
+    out = {"steps": len(steps), "judged": len(steps) > last}
+    for key in SPEED_KEYS:
+        values = speed_series(steps, key)
+        tail = [v for v in values[-last:] if v is not None]
+        start = values[0]
+        mean_tail = sum(tail) / len(tail) if tail else None
+        out[key] = {"step_1": start, f"last_{last}_mean": mean_tail,
+                    "delta": None if start is None or mean_tail is None else mean_tail - start}
+    c = criterion(steps, last)["correct_fraction"]
+    out["correct_fraction"] = c
+    out["judged"] = out["judged"] and all(out[k]["delta"] is not None for k in SPEED_MARGINS)
+    out["passed"] = (out["judged"] and all(out[k]["delta"] >= m for k, m in SPEED_MARGINS.items())
+                     and c["delta"] >= -CORRECT_DROP_ALLOWED)
+    return out
+
+
+def speed_noise(steps: list[dict]) -> dict:
+    """trend_noise (slope per step with its SE) of the mean speedup and fast_1, over the steps where defined."""
+    return {key: trend_noise([v for v in speed_series(steps, key) if v is not None])
+            for key in ("mean_speedup", "fast_1")}
 
 
 def per_turn_change(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
@@ -139,6 +184,89 @@ def write_samples(workdir: Path, out: Path, per_step: int = 3, chars: int = 2500
                       f"compiled {v.get('compiled')}, correct {v.get('correct')}",
                       t.get("response_text", "")[:chars], ""]
     (out / f"samples_{workdir.name}.txt").write_text("\n".join(lines))
+
+
+def _fmt(v, f: str) -> str:
+    return "-" if v is None else format(v, f)
+
+
+def print_speed(runs: dict[str, list[dict]]) -> dict:
+    """The speed tables (per step, criterion, slopes, per turn); returns their numbers for summary.json."""
+    print("\n| run | step | mean speedup of correct kernels | fast_1 | fast_1.5 | correct kernels | "
+          "per turn: mean speedup | per turn: fast_1 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, steps in runs.items():
+        turns = sorted({int(k[4:].split("/")[0]) for s in steps for k in s["speed"] if k.startswith("turn")})
+        for s in steps:
+            sp = s["speed"]
+            per_speed = " ".join(_fmt(sp.get(f"turn{t}/mean_speedup"), ".2f") for t in turns)
+            per_fast = " ".join(_fmt(sp.get(f"turn{t}/fast_1"), ".2f") for t in turns)
+            print(f"| {name} | {s['step']} | {_fmt(sp.get('mean_speedup'), '.3f')} | {_fmt(sp.get('fast_1'), '.3f')} | "
+                  f"{_fmt(sp.get('fast_1.5'), '.3f')} | {sp.get('correct_kernels', 0):.0f} | {per_speed} | "
+                  f"{per_fast} |")
+    criteria = {name: speed_criterion(steps) for name, steps in runs.items()}
+    margins = ", ".join(f"{k} >= +{m}" for k, m in SPEED_MARGINS.items())
+    print(f"\n| run | steps | metric | step 1 | mean of last {CRITERION_LAST_STEPS} | change | speed criterion "
+          f"({margins}; correct fraction >= -{CORRECT_DROP_ALLOWED}) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, v in criteria.items():
+        verdict = (("passed" if v["passed"] else "failed") if v["judged"]
+                   else f"not judged (<= {CRITERION_LAST_STEPS} steps or no correct kernel)")
+        for key, label in (("mean_speedup", "mean speedup of correct kernels"), ("fast_1", "fast_1 among correct"),
+                           ("fast_1.5", "fast_1.5 among correct"), ("correct_fraction", "correct, all kernels")):
+            m = v[key]
+            print(f"| {name} | {v['steps']} | {label} | {_fmt(m['step_1'], '.3f')} | "
+                  f"{_fmt(m[f'last_{CRITERION_LAST_STEPS}_mean'], '.3f')} | {_fmt(m['delta'], '+.3f')} | "
+                  f"{verdict if key == 'mean_speedup' else ''} |")
+    noise = {name: speed_noise(steps) for name, steps in runs.items()}
+    print("\n| run | metric | slope per step | its SE | t | SD around the trend |")
+    print("|---|---|---|---|---|---|")
+    for name, per in noise.items():
+        for key, m in per.items():
+            t = (m["slope_per_step"] / m["slope_se"] if m["slope_se"] else None) if m["slope_per_step"] is not None \
+                else None
+            print(f"| {name} | {key} | {_fmt(m['slope_per_step'], '+.4f')} | {_fmt(m['slope_se'], '.4f')} | "
+                  f"{_fmt(t, '+.1f')} | {_fmt(m['residual_sd'], '.3f')} |")
+    per_turn = {}
+    for name, steps in runs.items():
+        turns = sorted({int(k[4:].split("/")[0]) for k in steps[0]["speed"] if k.startswith("turn")})
+        tail = steps[-CRITERION_LAST_STEPS:]
+        per_turn[name] = {}
+        for t in turns:
+            row = {}
+            for key in ("mean_speedup", "fast_1", "fast_1.5", "correct_rate"):
+                vals = [v for v in speed_series(tail, key, t) if v is not None]
+                row[key] = (steps[0]["speed"].get(f"turn{t}/{key}"), sum(vals) / len(vals) if vals else None)
+            per_turn[name][str(t)] = row
+    print(f"\n| run | turn | mean speedup: step 1 -> last {CRITERION_LAST_STEPS} | fast_1 | fast_1.5 | correct |")
+    print("|---|---|---|---|---|---|")
+    for name, per in per_turn.items():
+        for t, row in per.items():
+            print(f"| {name} | {t} | " + " | ".join(f"{_fmt(a, '.2f')} -> {_fmt(b, '.2f')}" for a, b in row.values())
+                  + " |")
+    return {"speed_criterion": criteria, "speed_noise": noise, "speed_per_turn": per_turn}
+
+
+def plot_speed(runs: dict[str, list[dict]], out: Path, plt) -> None:
+    """speed.png: mean speedup of correct kernels and fast_1, all kernels (solid) and per turn (faint)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "mean_speedup", "mean speedup of correct kernels"),
+                           (axes[1], "fast_1", "fast_1: share of correct kernels >= 1.0x")):
+        for name, steps in runs.items():
+            x = [s["step"] for s in steps]
+            line, = ax.plot(x, [float("nan") if v is None else v for v in speed_series(steps, key)], marker="o",
+                            label=name)
+            turns = sorted({int(k[4:].split("/")[0]) for s in steps for k in s["speed"] if k.startswith("turn")})
+            for t in turns:
+                ax.plot(x, [float("nan") if v is None else v for v in speed_series(steps, key, t)], alpha=0.3,
+                        color=line.get_color(), linestyle=":")
+        ax.set_xlabel("RL step")
+        ax.set_title(f"{label} (faint: per turn)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "speed.png", dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -192,8 +320,9 @@ def main() -> None:
             cells = " | ".join("-" if b is None else f"{a:{f}} -> {b:{f}}" for (a, b), f in
                                ((m[k], f) for k, f in columns))
             print(f"| {name} | {turn} | {cells} |")
+    speed = print_speed(runs)
     (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria, "noise": noise,
-                                                       "per_turn": turns}, indent=1) + "\n")
+                                                       "per_turn": turns, **speed}, indent=1) + "\n")
     for w in args.workdirs:
         write_samples(w, args.out)
     try:
@@ -214,7 +343,8 @@ def main() -> None:
         fig.tight_layout()
         fig.savefig(args.out / f"{key}.png", dpi=120)
         plt.close(fig)
-    print(f"wrote {args.out}/summary.json, score_mean.png, correct_fraction.png")
+    plot_speed(runs, args.out, plt)
+    print(f"wrote {args.out}/summary.json, score_mean.png, correct_fraction.png, speed.png")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 One function, `speed_metrics(turns)`, over scored turns (env.episode's Turn objects or their Contract-4 dicts, so
 the trainer and analysis/warm_start_demo_summary.py compute the same numbers), all kernels and per turn index:
 - score_mean: the mean turn score (Kevin's S = 0.3 * correct + speedup * correct; 0 for anything not correct);
-- correct_rate: the share of kernels that are correct (well formed, correct, no hack flag: env.reward.counts_as_correct);
+- correct_rate: the share of kernels that are correct (well formed, correct, no hack flag:
+  env.reward.counts_as_correct);
 - mean_speedup: the mean speedup over PyTorch eager of the correct kernels that have one (a correct kernel is always
   timed by the full evaluator; compile-only verdicts are never correct, so there is nothing to average there);
 - fast_1, fast_1.5: the share of correct kernels whose speedup is >= 1.0x / >= 1.5x (Kevin's fast_p thresholds, here

@@ -86,3 +86,76 @@ def test_turn_advantage_offset_from_tensorboard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| run | 0 | +0.46 +0.46 | +0.46 | +0.46 |" in proc.stdout
     assert "| run | 3 | -0.79 -0.79 | -0.79 | -0.79 |" in proc.stdout
+
+
+def _write_speed_run(workdir, fast_per_step, correct_per_step=None, turns=4, trajectories=5):
+    """Every kernel correct (or the first round(c * n) of them), the first `f` of a step's kernels at 1.6x and the rest
+    at 0.4x (Kevin's score 0.3 + speedup)."""
+    (workdir / "trajectories").mkdir(parents=True)
+    n = turns * trajectories
+    for step, f in enumerate(fast_per_step, start=1):
+        k = n if correct_per_step is None else round(correct_per_step[step - 1] * n)
+        lines = []
+        for j in range(trajectories):
+            traj = []
+            for t in range(turns):
+                i = j * turns + t
+                ok, speedup = i < k, 1.6 if i < f else 0.4
+                traj.append({"turn": t, "score": 0.3 + speedup if ok else 0.0, "advantage": 0.0, "stop_reason": "eos",
+                             "response_tokens": [1], "response_logprobs": [-0.01], "response_text": "x",
+                             "parsed": {"format_error": None},
+                             "verdict": {"compiled": True, "correct": ok, "hack_flags": [],
+                                         "speedup": speedup if ok else None}})
+            lines.append(json.dumps({"turns": traj}))
+        (workdir / "trajectories" / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_speed_metrics_and_the_speed_criterion(tmp_path):
+    _write_speed_run(tmp_path / "faster", [2, 4, 8, 10, 10])
+    _write_speed_run(tmp_path / "flat", [2, 2, 3, 2, 2])
+    _write_speed_run(tmp_path / "faster_but_wrong", [2, 4, 8, 10, 10], correct_per_step=[1, 1, 0.9, 0.9, 0.9])
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "analysis/warm_start_demo_summary.py", str(tmp_path / "faster"),
+                           str(tmp_path / "flat"), str(tmp_path / "faster_but_wrong"), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    step1 = summary["steps"]["faster"][0]["speed"]
+    # step 1: 2 of 20 correct kernels at 1.6x, 18 at 0.4x
+    assert step1["mean_speedup"] == pytest.approx(0.1 * 1.6 + 0.9 * 0.4)
+    assert step1["fast_1"] == pytest.approx(0.1) and step1["fast_1.5"] == pytest.approx(0.1)
+    assert step1["turn0/fast_1"] == pytest.approx(0.2) and step1["turn2/fast_1"] == 0.0    # kernels 0 and 1
+    assert step1["turn0/mean_speedup"] == pytest.approx((1.6 + 4 * 0.4) / 5)
+    crit = summary["speed_criterion"]
+    faster = crit["faster"]
+    assert faster["passed"]
+    assert faster["fast_1"]["delta"] == pytest.approx((0.4 + 0.5 + 0.5) / 3 - 0.1)
+    assert faster["mean_speedup"]["delta"] == pytest.approx((0.88 + 1.0 + 1.0) / 3 - 0.52)
+    assert not crit["flat"]["passed"] and crit["flat"]["judged"]
+    # speed up, but 10% fewer correct kernels: the correct fraction fell by more than 0.05
+    assert not crit["faster_but_wrong"]["passed"]
+    assert crit["faster_but_wrong"]["correct_fraction"]["delta"] == pytest.approx(-0.1)
+    assert summary["speed_noise"]["faster"]["fast_1"]["slope_per_step"] == pytest.approx(0.11)
+    assert summary["speed_per_turn"]["faster"]["0"]["fast_1"] == pytest.approx([0.2, (0.4 + 0.6 + 0.6) / 3])
+    assert "| faster | 5 | mean speedup of correct kernels | 0.520 | 0.960 | +0.440 | passed |" in proc.stdout
+    assert "| flat | 5 | mean speedup of correct kernels |" in proc.stdout and "failed" in proc.stdout
+    assert (out / "speed.png").exists()
+
+
+def test_demo_curves_reads_and_plots_the_speed_scalars(tmp_path):
+    """analysis/demo_curves.py --plot speed: the trainer's rollout/speed/* scalars as block means and a PNG."""
+    from kevin_jax.logs import MetricWriter
+
+    writer = MetricWriter(tmp_path / "run")
+    for step, (speedup, fast) in enumerate(((0.4, 0.1), (0.6, 0.3), (0.8, 0.5)), start=1):
+        writer.write(step, {"rollout/speed/mean_speedup": speedup, "rollout/speed/fast_1": fast,
+                            "rollout/speed/turn0/fast_1": fast, "rollout/speed/turn1/fast_1": fast / 2})
+    writer.close()
+    png = tmp_path / "speed.png"
+    proc = subprocess.run([sys.executable, "analysis/demo_curves.py", str(tmp_path / "run" / "tensorboard"),
+                           "--block", "1", "--plot", "speed", "--out", str(png)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| run | mean speedup of correct kernels | 0.40 0.60 0.80 |" in proc.stdout
+    assert "| run | later-turn fast_1 (turn 2) | 0.05 0.15 0.25 |" in proc.stdout
+    assert png.exists()
