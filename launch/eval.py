@@ -15,6 +15,9 @@
     # the same answers under Kevin's rules and KernelBench's (cuda_eval/profiles.py), tables side by side
     python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other \
         --profiles=kevin,kernelbench
+    # the per-kernel profile of each task's best kernel (kernels, launch configuration, registers, spills,
+    # occupancy, bytes and FLOPs over its time; cuda_eval/kernel_profile.py) in <out>/kernel_profiles.txt
+    python launch/eval.py --config=... --checkpoint=... --out=... --profile
     # test-time beam search: keep the 4 best of 16 trajectories after every turn, copy each 4 times
     python launch/eval.py --config=... --checkpoint=... --out=... --beam_width=4 --beam_block_turns=1
 
@@ -53,6 +56,9 @@ _BEAM_BLOCK = flags.DEFINE_integer("beam_block_turns", 1, "Beam search: turns be
 _COMPILE = flags.DEFINE_bool("torch_compile_baseline", False, "Also report speedups over torch.compile(reference).")
 _EXPORT = flags.DEFINE_string("export_prompts", "", "Write the selected tasks' first-turn prompts here and stop.")
 _TITLE = flags.DEFINE_string("title", "", "Report title.")
+_PROFILE = flags.DEFINE_bool("profile", False, "Profile every correct kernel after its verdict (advisory, never a "
+                              "score) and report the per-kernel breakdown of each task's best kernel: "
+                              "<out>/kernel_profiles.txt, also appended to table.txt.")
 _PROFILES = flags.DEFINE_list("profiles", [], "Score under each of these evaluation profiles (cuda_eval/profiles.py, "
                               "e.g. kevin,kernelbench): one evaluation per profile in <out>/<profile>/, their tables "
                               "printed side by side. With --external or --reevaluate (the same answers each time).")
@@ -84,11 +90,28 @@ def _run_profiles(config, options, names):
         cfg.eval.profile = name
         out_dir = os.path.join(options.out_dir, name)
         pipeline.run(cfg, dataclasses.replace(options, out_dir=out_dir))
+        if _PROFILE.value:
+            _write_profile_report(out_dir)
         with open(os.path.join(out_dir, "table.txt")) as f:
             tables[f"profile {name}"] = f.read()
     text = report.side_by_side(tables)
     with open(os.path.join(options.out_dir, "profiles.txt"), "w") as f:
         f.write(text)
+    print(text)
+
+
+def _write_profile_report(out_dir):
+    """--profile: each task's best kernel, kernel by kernel, from the saved verdicts (meta.kernel_profile)."""
+    import json
+
+    from cuda_eval.kernel_profile import best_kernel_report
+    with open(os.path.join(out_dir, "trajectories.jsonl")) as f:
+        text = best_kernel_report(json.loads(line) for line in f if line.strip())
+    text = "Per-kernel profile of each task's best kernel (GPU time per forward)\n\n" + text + "\n"
+    with open(os.path.join(out_dir, "kernel_profiles.txt"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, "table.txt"), "a") as f:
+        f.write("\n" + text)
     print(text)
 
 
@@ -100,6 +123,8 @@ def main(argv):
     from cuda_eval.api import visible_gpu_count
     from kevin_jax.placement import GpuConfig, NoGpuError, apply_gpu_placement
     apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count())
+    if _PROFILE.value:
+        config.eval.kernel_profile = True
 
     from kevin_jax.evaluation import pipeline
     try:
@@ -115,6 +140,8 @@ def main(argv):
             _run_profiles(config, options, _PROFILES.value)
         else:
             pipeline.run(config, options)
+            if _PROFILE.value and not options.export_prompts:
+                _write_profile_report(options.out_dir)
     except (ValueError, FileNotFoundError) as e:      # bad input: the message says what to change
         logging.debug("traceback", exc_info=True)
         logging.error("%s", e)

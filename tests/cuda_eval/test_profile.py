@@ -282,3 +282,38 @@ def test_profile_failure_gives_the_kevin_text_and_a_reason():
 def test_feedback_mode_is_checked():
     with pytest.raises(ValueError, match="feedback"):
         EvalRequest("t", "src", "resp", feedback="verbose")
+
+
+def test_best_kernel_report_for_launch_eval():
+    """launch/eval.py --profile: per task, the breakdown of the fastest correct unflagged kernel."""
+    def turn(k, speedup, profile, correct=True, flags=()):
+        return {"turn": k, "verdict": {"correct": correct, "speedup": speedup, "hack_flags": list(flags),
+                                       "timing": {"median_ms": 1.0}, "meta": {"kernel_profile": profile}}}
+    trajectories = [
+        {"task_id": "L1/matmul", "traj_index": 0, "turns": [turn(0, 0.1, PROFILES["matmul_tiled_h100"]),
+                                                             turn(1, 9.0, None, flags=[{"code": "x"}])]},
+        {"task_id": "L1/matmul", "traj_index": 1, "turns": [turn(0, 0.5, PROFILES["gemm_fused_spills_h100"])]},
+        {"task_id": "L2/none", "traj_index": 0, "turns": [turn(0, None, None, correct=False)]},
+        {"task_id": "L2/old", "traj_index": 0, "turns": [turn(0, 2.0, None)]}]
+    text = kp.best_kernel_report(trajectories)
+    matmul, none, old = text.split("\n\n")
+    assert matmul.startswith("L1/matmul: best kernel 0.50x (trajectory 1, turn 0, 1 ms)")
+    assert "gemm_bias_relu_kernel<64, 64, 8>" in matmul and "reference: 2 launches" in matmul
+    assert none == "L2/none: no correct kernel"
+    assert old.endswith("no profile")
+
+
+def test_launch_eval_writes_the_profile_report(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("launch_eval_for_test", Path(__file__).parents[2] / "launch" / "eval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    verdict = {"correct": True, "speedup": 0.12, "hack_flags": [], "timing": {"median_ms": 1.95},
+               "meta": {"kernel_profile": PROFILES["matmul_tiled_h100"]}}
+    (tmp_path / "trajectories.jsonl").write_text(json.dumps({"task_id": "L1/matmul", "traj_index": 0,
+                                                             "turns": [{"turn": 0, "verdict": verdict}]}) + "\n")
+    (tmp_path / "table.txt").write_text("the table\n")
+    module._write_profile_report(str(tmp_path))
+    report = (tmp_path / "kernel_profiles.txt").read_text()
+    assert "L1/matmul: best kernel 0.12x" in report and "matmul_tiled_kernel" in report
+    assert (tmp_path / "table.txt").read_text().startswith("the table\n") and report in (tmp_path / "table.txt").read_text()
