@@ -25,7 +25,8 @@ EXPECTED = [f"rollout/turn{t}/{m}" for t in (0, 1) for m in ("correct_rate", "co
     "rollout/response_length_max", "rollout/response_clipped_fraction", "rollout/not_okay_ratio",
     "update0/loss", "update0/entropy", "update0/kl_ref", "update0/approx_kl_old", "update0/ratio_clip_fraction",
     "update0/grad_norm", "update0/learning_rate", "update0/logprob_mismatch_abs", "update1/ratio_clip_fraction",
-    "time/sampling", "time/evaluation", "time/update", "time/step", "perf/generated_tokens_per_s"]
+    "time/sampling", "time/evaluation", "time/update", "time/step", "perf/generated_tokens_per_s",
+    "time/episode", "perf/episode_wall_over_max"]
 
 
 def _launch(workdir, *flags):
