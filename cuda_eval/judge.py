@@ -264,7 +264,10 @@ class Job:
         self.ask("finish", "final", stay=profile_next)
         if profile_next and not self.flags:
             self.phase("profile")
-            self.meta["kernel_profile"] = self.kernel_profile()
+            try:
+                self.meta["kernel_profile"] = self.kernel_profile()
+            except Exception as e:  # noqa: BLE001 - a bug of ours here is a reason, never an internal-error verdict
+                self.meta["kernel_profile"] = {"error": f"internal: {type(e).__name__}: {e}"[:500]}
         if self.cfg.get("ref_compile") and self.device.type == "cuda":
             # Here, not in the candidate's process: torch.compile patches torch.nn.Module and starts threads,
             # which the worker's checks would pin on the candidate.
@@ -526,8 +529,9 @@ class Job:
                           "capability": self.device.info.get("capability"), "copy_gbps": facts.get("copy_gbps"),
                           "sm_count": (facts.get("limits") or {}).get("sm_count")},
                "candidate": cand, "reference": dict(side, cached=bool(ref.get("cached"))),
-               "forward": kernel_profile.forward_summary(
-                   time_ms=(self.timing or {}).get("median_ms"), input_bytes=ref.get("input_bytes", 0),
+               "forward": kernel_profile.forward_summary(   # no input sizes (the reference failed): no rates
+                   time_ms=(self.timing or {}).get("median_ms") if "input_bytes" in ref else None,
+                   input_bytes=ref.get("input_bytes", 0),
                    param_bytes=ref.get("param_bytes", 0), output_bytes=self.output_bytes,
                    copy_gbps=facts.get("copy_gbps"), flops=ref.get("flops"),
                    ref_time_ms=(self.ref_timing or {}).get("median_ms")),
@@ -569,8 +573,7 @@ class Job:
             found: dict[str, Any] = {"input_bytes": tree_nbytes(inputs),
                                      "param_bytes": kernel_profiler.model_bytes(self.ref_model)}
             try:
-                found["flops"] = kernel_profiler.count_flops(
-                    lambda: self.ref_model(*map_tree(inputs, lambda t: t.clone())))
+                found["flops"] = kernel_profiler.count_flops(lambda: self.ref_model(*inputs))
             except Exception as e:  # noqa: BLE001 - no FLOP count for this task
                 found["flops_error"] = f"{type(e).__name__}: {e}"[:200]
             raw = kernel_profiler.profile_forwards(
