@@ -17,8 +17,10 @@ Each variant has its own evaluator with a fresh build cache (no variant compiles
 the other, in the order given, within each step. A JAX warm-up (not timed) first compiles the sampler's shapes.
 
 Prints a table: per step and variant, the episode's wall, the policy busy (sampling), the wall time with an
-evaluation outstanding (evaluation), their sum and max, wall / max (1.0 = fully overlapped), and the speedup of the
-wall against the sequential runner; and writes it with each part's timestamps as JSON (--out).
+evaluation outstanding (evaluation), their sum and max, wall / max (1.0 = fully overlapped), the speedup of the
+wall against the sequential runner, the answers judged, and on a GPU shared by sampler and evaluator the time the
+sampler waited for kernel timings (its DeviceShare; part of sampling); and writes it with each part's timestamps as
+JSON (--out).
 """
 from __future__ import annotations
 
@@ -185,7 +187,8 @@ def main(argv=None) -> int:
             step_tasks = [by_id[i] for i in sampler.tasks_for_step(step)]
             results = {}
             for name in variants:
-                share_gpus_with_evaluator(policy, evaluators[name], gpus)
+                shares = share_gpus_with_evaluator(policy, evaluators[name], gpus)
+                waited = sum(getattr(s, "waited_s", 0.0) for s in shares)
                 runner = runners[name]
                 runner.env = dataclasses.replace(runner.env, max_response_tokens=spec.max_response_tokens(step))
                 result = runner.run(step_tasks, step=step, seed=spec.seed)
@@ -194,7 +197,9 @@ def main(argv=None) -> int:
                 rows.append({"step": step, "variant": name, "overlap": t.overlap, "groups": t.groups,
                              "wall_s": t.wall_s, "sampling_s": t.sampling_s, "evaluation_s": t.evaluation_s,
                              "sum_s": t.sampling_s + t.evaluation_s, "max_s": max(t.sampling_s, t.evaluation_s),
-                             "wall_over_max": t.wall_over_max, **kernel_counts(result.trajectories)})
+                             "wall_over_max": t.wall_over_max, **kernel_counts(result.trajectories),
+                             # the sampler's waits for kernel timings (inside sampling_s), on a shared GPU
+                             "share_wait_s": sum(getattr(s, "waited_s", 0.0) for s in shares) - waited})
                 parts[f"{step}/{name}"] = [dataclasses.asdict(p) for p in t.parts]
                 log.info("step %d %s: wall %.1f s, sampling %.1f s, evaluation %.1f s, wall/max %.2f", step, name,
                          t.wall_s, t.sampling_s, t.evaluation_s, t.wall_over_max)
@@ -214,14 +219,14 @@ def main(argv=None) -> int:
           f"evaluator {mode}, {spec.rl.tasks_per_step} tasks x {spec.env.num_trajectories} trajectories x "
           f"{spec.env.num_turns} turns, {groups} pipeline groups")
     header = ("step", "variant", "groups", "wall s", "sampling s", "evaluation s", "sum s", "max s", "wall/max",
-              "speedup", "answers", "compiled", "correct")
+              "speedup", "answers", "compiled", "correct", "sampler waited for timing s")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows + _totals(rows, variants):
         speed = f"{r['speedup_vs_sequential']:.2f}x" if r.get("speedup_vs_sequential") else "-"
         print(f"| {r['step']} | {r['variant']} | {r['groups']} | {r['wall_s']:.1f} | {r['sampling_s']:.1f} | "
               f"{r['evaluation_s']:.1f} | {r['sum_s']:.1f} | {r['max_s']:.1f} | {r['wall_over_max']:.2f} | {speed} | "
-              f"{r['answers']} | {r['compiled']} | {r['correct']} |")
+              f"{r['answers']} | {r['compiled']} | {r['correct']} | {r.get('share_wait_s', 0.0):.1f} |")
     same = [r.get("same_as_grouped") for r in rows if "same_as_grouped" in r]
     if same:
         print(f"grouped and overlapped trajectories identical: {all(same)}")
@@ -244,7 +249,7 @@ def _totals(rows, variants):
         if len(mine) < 2:
             continue
         total = {k: sum(r[k] for r in mine) for k in ("wall_s", "sampling_s", "evaluation_s", "sum_s", "max_s",
-                                                      "answers", "compiled", "correct")}
+                                                      "answers", "compiled", "correct", "share_wait_s")}
         total.update(step="all", variant=name, groups=mine[0]["groups"],
                      wall_over_max=total["wall_s"] / max(total["max_s"], 1e-9))
         seq = [r for r in rows if r["variant"] == "sequential"]

@@ -301,27 +301,28 @@ def _as_dict(verdict: Any) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 # The GPU shared by the sampler and the evaluator
 
-def share_gpus_with_evaluator(policy: Any, evaluator: Any, gpus: Sequence[int]) -> bool:
+def share_gpus_with_evaluator(policy: Any, evaluator: Any, gpus: Sequence[int]) -> list:
     """On `gpus` (indices that the sampler and the evaluator both use, kevin_jax.placement.shared_gpus), makes the
     sampler hold the evaluator's device share (cuda_eval.api.Evaluator.device_share) around each of its device calls
     (one prefill or decode call: SamplerEngine's device_guard), so that a kernel is never timed while the policy
     samples and timing waits at most one call (docs/LOG.md, "the GPU shared with a sampler: timing waits for one
-    decode call"). Compiles (CPU) overlap with anything. Returns whether a guard is in place."""
+    decode call"). Compiles (CPU) overlap with anything. Returns the shares held (empty: no guard); a DeviceShare's
+    `waited_s` is the time the sampler waited for timings."""
     device_share = getattr(evaluator, "device_share", None)
     if not gpus or device_share is None:
-        return False
+        return []
     shares = [s for s in (device_share(g) for g in gpus) if not isinstance(s, contextlib.nullcontext)]
     if not shares:          # the evaluator runs nothing on a GPU (compile-only)
-        return False
+        return []
     engine = getattr(policy, "engine", None)
     if engine is None or not hasattr(engine, "device_guard"):
         log.warning("GPU(s) %s are shared with the evaluator but the policy (%s) has no device guard: kernel "
                     "timings may overlap its sampling; set env.overlap=False", list(gpus), type(policy).__name__)
-        return False
+        return []
     engine.device_guard = (lambda: shares[0]) if len(shares) == 1 else (lambda: _hold_all(shares))
     log.info("GPU(s) %s shared by the sampler and the evaluator: the sampler holds the evaluator's device share "
              "around each device call", list(gpus))
-    return True
+    return shares
 
 
 @contextlib.contextmanager
