@@ -42,7 +42,8 @@ def load_turns(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
-                turns += json.loads(line)["turns"]
+                traj = json.loads(line)
+                turns += [{**t, "task_id": traj.get("task_id")} for t in traj["turns"]]
     return turns
 
 
@@ -51,7 +52,29 @@ def is_correct(turn: dict) -> bool:
     return v.get("correct") is True and not v.get("hack_flags") and turn["parsed"].get("format_error") is None
 
 
-def step_stats(path: Path) -> dict:
+def fast_thresholds(measured: dict | None, min_ratio: float = 1.5) -> dict[str, float]:
+    """Per task with a measured slow/fast pair (benchmarks/builtin_speed_variants.py's JSON; the pairs the corpus
+    generator gives the speed mix): the geometric mean of the slowest and fastest measured-correct speedups. A correct
+    kernel at or above it counts as the fast variant."""
+    out = {}
+    for task_id, sols in ((measured or {}).get("solutions") or {}).items():
+        speeds = sorted(e["speedup"] for e in sols.values() if e.get("correct") is True and (e.get("speedup") or 0) > 0)
+        if len(speeds) >= 2 and speeds[-1] >= min_ratio * speeds[0]:
+            out[task_id] = (speeds[0] * speeds[-1]) ** 0.5
+    return out
+
+
+def fast_variant_share(turns: list[dict], thresholds: dict[str, float], turn: int | None = None) -> float | None:
+    """Among correct kernels of the tasks in `thresholds` (all turns, or one turn index): the share at or above their
+    task's threshold, i.e. the fast variant (None without such a kernel)."""
+    ok = [t for t in turns
+          if t.get("task_id") in thresholds and is_correct(t) and (turn is None or t.get("turn") == turn)]
+    if not ok:
+        return None
+    return sum(((t.get("verdict") or {}).get("speedup") or 0.0) >= thresholds[t["task_id"]] for t in ok) / len(ok)
+
+
+def step_stats(path: Path, thresholds: dict[str, float] | None = None) -> dict:
     turns = load_turns(path)
     verdicts = [t.get("verdict") or {} for t in turns]
     correct = [t.get("verdict") for t in turns if is_correct(t)]
@@ -78,7 +101,16 @@ def step_stats(path: Path) -> dict:
             "format_errors": dict(format_errors.most_common(5)),
             "stop_reasons": dict(Counter(t.get("stop_reason") for t in turns)),
             "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n,
-            "per_turn": per_turn, "speed": speed_metrics(turns)}
+            "per_turn": per_turn, "speed": {**speed_metrics(turns), **_fast_variant(turns, thresholds or {})}}
+
+
+def _fast_variant(turns: list[dict], thresholds: dict[str, float]) -> dict:
+    if not thresholds:
+        return {}
+    out = {"fast_variant": fast_variant_share(turns, thresholds)}
+    for i in sorted({t.get("turn") for t in turns}):
+        out[f"turn{i}/fast_variant"] = fast_variant_share(turns, thresholds, i)
+    return out
 
 
 CRITERION_LAST_STEPS = 3
@@ -112,23 +144,26 @@ def trend_noise(values: list[float], last: int = CRITERION_LAST_STEPS) -> dict:
             "residual_sd": sd, "criterion_se": sd * (1 + 1 / last) ** 0.5}
 
 
-SPEED_MARGINS = {"mean_speedup": 0.15, "fast_1": 0.15}     # both must rise by at least this much
+SPEED_MARGINS = {"mean_speedup": 0.15, "fast_share": 0.15}     # both must rise by at least this much
 CORRECT_DROP_ALLOWED = 0.05                                 # the all-kernel correct fraction may fall this much
-SPEED_KEYS = ("mean_speedup", "fast_1", "fast_1.5", "score_mean")
+SPEED_KEYS = ("mean_speedup", "fast_share", "fast_1", "fast_1.5", "score_mean")
 
 
 def speed_series(steps: list[dict], key: str, turn: int | None = None) -> list[float | None]:
     """A speed metric per step (None where undefined: no correct kernel), all turns or one turn index."""
+    if key == "fast_share":     # the fast-variant share where measured pairs are known, else fast_1
+        key = "fast_variant" if any("fast_variant" in s["speed"] for s in steps) else "fast_1"
     name = key if turn is None else f"turn{turn}/{key}"
     return [s["speed"].get(name) for s in steps]
 
 
 def speed_criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
     """The speed demo's criterion (fixed before its run, docs/LOG.md): step 1 against the mean of the last `last`
-    steps; passes when the mean speedup of correct kernels and fast_1 each rose by >= SPEED_MARGINS and the
+    steps; passes when the mean speedup of correct kernels and the fast share each rose by >= SPEED_MARGINS and the
     all-kernel correct fraction fell by no more than CORRECT_DROP_ALLOWED. Needs more than `last` steps, and a
     defined value at step 1 and in the last steps."""
-    out = {"steps": len(steps), "judged": len(steps) > last}
+    out = {"steps": len(steps), "judged": len(steps) > last,
+           "fast_share_is": "fast_variant" if any("fast_variant" in s["speed"] for s in steps) else "fast_1"}
     for key in SPEED_KEYS:
         values = speed_series(steps, key)
         tail = [v for v in values[-last:] if v is not None]
@@ -147,7 +182,7 @@ def speed_criterion(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict
 def speed_noise(steps: list[dict]) -> dict:
     """trend_noise (slope per step with its SE) of the mean speedup and fast_1, over the steps where defined."""
     return {key: trend_noise([v for v in speed_series(steps, key) if v is not None])
-            for key in ("mean_speedup", "fast_1")}
+            for key in ("mean_speedup", "fast_share", "fast_1")}
 
 
 def per_turn_change(steps: list[dict], last: int = CRITERION_LAST_STEPS) -> dict:
@@ -168,8 +203,8 @@ def step_files(workdir: Path) -> list[tuple[int, Path]]:
     return files
 
 
-def run_stats(workdir: Path) -> list[dict]:
-    return [{**step_stats(p), "step": step} for step, p in step_files(workdir)]
+def run_stats(workdir: Path, thresholds: dict[str, float] | None = None) -> list[dict]:
+    return [{**step_stats(p, thresholds), "step": step} for step, p in step_files(workdir)]
 
 
 def write_samples(workdir: Path, out: Path, per_step: int = 3, chars: int = 2500) -> None:
@@ -212,7 +247,9 @@ def print_speed(runs: dict[str, list[dict]]) -> dict:
     for name, v in criteria.items():
         verdict = (("passed" if v["passed"] else "failed") if v["judged"]
                    else f"not judged (<= {CRITERION_LAST_STEPS} steps or no correct kernel)")
-        for key, label in (("mean_speedup", "mean speedup of correct kernels"), ("fast_1", "fast_1 among correct"),
+        share = "fast-variant share" if v["fast_share_is"] == "fast_variant" else "fast share (fast_1)"
+        for key, label in (("mean_speedup", "mean speedup of correct kernels"), ("fast_share", share),
+                           ("fast_1", "fast_1 among correct"),
                            ("fast_1.5", "fast_1.5 among correct"), ("correct_fraction", "correct, all kernels")):
             m = v[key]
             print(f"| {name} | {v['steps']} | {label} | {_fmt(m['step_1'], '.3f')} | "
@@ -234,12 +271,13 @@ def print_speed(runs: dict[str, list[dict]]) -> dict:
         per_turn[name] = {}
         for t in turns:
             row = {}
-            for key in ("mean_speedup", "fast_1", "fast_1.5", "correct_rate"):
+            for key in ("mean_speedup", "fast_share", "fast_1", "fast_1.5", "correct_rate"):
                 vals = [v for v in speed_series(tail, key, t) if v is not None]
-                row[key] = (steps[0]["speed"].get(f"turn{t}/{key}"), sum(vals) / len(vals) if vals else None)
+                row[key] = (speed_series(steps[:1], key, t)[0], sum(vals) / len(vals) if vals else None)
             per_turn[name][str(t)] = row
-    print(f"\n| run | turn | mean speedup: step 1 -> last {CRITERION_LAST_STEPS} | fast_1 | fast_1.5 | correct |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| run | turn | mean speedup: step 1 -> last {CRITERION_LAST_STEPS} | fast share | fast_1 | fast_1.5 | "
+          f"correct |")
+    print("|---|---|---|---|---|---|---|")
     for name, per in per_turn.items():
         for t, row in per.items():
             print(f"| {name} | {t} | " + " | ".join(f"{_fmt(a, '.2f')} -> {_fmt(b, '.2f')}" for a, b in row.values())
@@ -251,7 +289,7 @@ def plot_speed(runs: dict[str, list[dict]], out: Path, plt) -> None:
     """speed.png: mean speedup of correct kernels and fast_1, all kernels (solid) and per turn (faint)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "mean_speedup", "mean speedup of correct kernels"),
-                           (axes[1], "fast_1", "fast_1: share of correct kernels >= 1.0x")):
+                           (axes[1], "fast_share", "fast share of correct kernels")):
         for name, steps in runs.items():
             x = [s["step"] for s in steps]
             line, = ax.plot(x, [float("nan") if v is None else v for v in speed_series(steps, key)], marker="o",
@@ -273,9 +311,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("workdirs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--speedups", type=Path, help="benchmarks/builtin_speed_variants.py's JSON: the speed "
+                        "criterion's fast share is then the fast-variant share, else fast_1")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = {w.name: run_stats(w) for w in args.workdirs}
+    thresholds = fast_thresholds(json.loads(args.speedups.read_text()) if args.speedups else None)
+    if args.speedups:
+        print(f"fast variant: a correct kernel at >= the geometric mean of its task's measured slow and fast "
+              f"speedups ({len(thresholds)} tasks with a pair >= 1.5x apart in {args.speedups})")
+    runs = {w.name: run_stats(w, thresholds) for w in args.workdirs}
     print("| run | step | kernels | mean score | correct | compiled | fast among correct |")
     print("|---|---|---|---|---|---|---|")
     for name, steps in runs.items():

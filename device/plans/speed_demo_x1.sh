@@ -9,7 +9,8 @@
 # 3. the demo's warm start on it (300 steps: the speed mix has ~1.6x the distinct records of the plain corpus), then
 #    multi-turn RL exactly as device/plans/demo_turn_mean_kl_x1.sh (reward.baseline=turn_mean, rl.kl_coef=0.1, 15
 #    tasks x 2 trajectories x 4 turns per step, lr 2e-5), until DEADLINE_S (1440) seconds after the plan's start;
-# 4. the summary (analysis/warm_start_demo_summary.py: the speed tables and the speed criterion, speed.png).
+# 4. the summary (analysis/warm_start_demo_summary.py --speedups: the speed tables, the speed criterion with the
+#    fast-variant share, speed.png).
 # Needs: the device budget for ~25 min of one H100 per seed (two leases for the criterion's two seeds), carry [".whl"].
 # First call: `source device/setup.sh && export KEVIN_SKIP_BUILD=1 && SEED=0 bash device/background.sh plan <this
 # file>`, then `bash device/background.sh wait 565` until "all done" (everything in $OUT/background.tgz: the
@@ -21,4 +22,4 @@ if [ -n "${SPEEDUPS:-}" ]; then cp "$SPEEDUPS" /tmp/kevin_speedups.json; else ti
 python3 scripts/make_warm_start_corpus.py --speedups /tmp/kevin_speedups.json --fast-share 0.2 --out /tmp/kevin_speed_corpus.jsonl && cp /tmp/kevin_speed_corpus.jsonl $OUT/
 RUNS=workdirs/speed_demo SFT_STEPS=300 LIMIT_S=600 bash device/warm_start_demo.sh sft --config.warm_start.corpus=/tmp/kevin_speed_corpus.jsonl
 RUNS=workdirs/speed_demo LIMIT_S=$(( $(cat /tmp/kevin_plan_t0) + ${DEADLINE_S:-1440} - $(date +%s) )) RL_STEPS=60 bash device/warm_start_demo.sh rl speed_seed${SEED:-0} ${SEED:-0} --config.reward.baseline=turn_mean --config.rl.kl_coef=0.1
-RUNS=workdirs/speed_demo bash device/warm_start_demo.sh summary
+python3 analysis/warm_start_demo_summary.py workdirs/speed_demo/speed_seed${SEED:-0} --speedups /tmp/kevin_speedups.json --out $OUT

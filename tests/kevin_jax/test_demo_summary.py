@@ -88,7 +88,7 @@ def test_turn_advantage_offset_from_tensorboard(tmp_path):
     assert "| run | 3 | -0.79 -0.79 | -0.79 | -0.79 |" in proc.stdout
 
 
-def _write_speed_run(workdir, fast_per_step, correct_per_step=None, turns=4, trajectories=5):
+def _write_speed_run(workdir, fast_per_step, correct_per_step=None, turns=4, trajectories=5, task_id="L1/x"):
     """Every kernel correct (or the first round(c * n) of them), the first `f` of a step's kernels at 1.6x and the rest
     at 0.4x (Kevin's score 0.3 + speedup)."""
     (workdir / "trajectories").mkdir(parents=True)
@@ -106,7 +106,7 @@ def _write_speed_run(workdir, fast_per_step, correct_per_step=None, turns=4, tra
                              "parsed": {"format_error": None},
                              "verdict": {"compiled": True, "correct": ok, "hack_flags": [],
                                          "speedup": speedup if ok else None}})
-            lines.append(json.dumps({"turns": traj}))
+            lines.append(json.dumps({"task_id": task_id, "turns": traj}))
         (workdir / "trajectories" / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -159,3 +159,28 @@ def test_demo_curves_reads_and_plots_the_speed_scalars(tmp_path):
     assert "| run | mean speedup of correct kernels | 0.40 0.60 0.80 |" in proc.stdout
     assert "| run | later-turn fast_1 (turn 2) | 0.05 0.15 0.25 |" in proc.stdout
     assert png.exists()
+
+
+def test_the_fast_variant_share_uses_the_measured_pairs(tmp_path):
+    """With --speedups, the criterion's fast share is the share of correct kernels at or above the geometric mean of
+    their task's measured slow and fast speedups (here sqrt(0.4 * 1.6) = 0.8), only over tasks with a pair."""
+    _write_speed_run(tmp_path / "faster", [2, 4, 8, 10, 10], task_id="L1/x")
+    measured = {"solutions": {"L1/x": {"slow": {"correct": True, "speedup": 0.4},
+                                       "fast": {"correct": True, "speedup": 1.6}},
+                              "L1/close": {"a": {"correct": True, "speedup": 1.0},
+                                           "b": {"correct": True, "speedup": 1.2}},
+                              "L1/broken": {"a": {"correct": True, "speedup": 0.2}, "b": {"correct": False}}}}
+    path = tmp_path / "speedups.json"
+    path.write_text(json.dumps(measured))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "analysis/warm_start_demo_summary.py", str(tmp_path / "faster"),
+                           "--speedups", str(path), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "1 tasks with a pair" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"]["faster"][0]["speed"]["fast_variant"] == pytest.approx(0.1)
+    crit = summary["speed_criterion"]["faster"]
+    assert crit["fast_share_is"] == "fast_variant" and crit["passed"]
+    assert crit["fast_share"]["delta"] == pytest.approx((0.4 + 0.5 + 0.5) / 3 - 0.1)
+    assert "| faster | 5 | fast-variant share | 0.100 | 0.467 | +0.367 |" in proc.stdout
