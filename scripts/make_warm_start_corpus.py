@@ -364,7 +364,11 @@ def describe(data: dict | None, path, min_ratio: float) -> str:
                 f"the speedups and reference times in the feedback of correct attempts are illustrative "
                 f"placeholders {ILLUSTRATIVE_SPEEDUPS}, not measurements (records marked "
                 f'"feedback_speedups": "illustrative"). Measure with benchmarks/builtin_speed_variants.py.')
-    lines = [f"measured speedups from {path} ({(data.get('measured') or {}).get('gpu', 'GPU not recorded')}): "
+    info = data.get("measured") or {}
+    if info.get("mode") == "compile_only":
+        return (f"{path} is a compile-only run (no GPU): nothing was measured, every task gets the plain records "
+                f"with illustrative placeholder speedups {ILLUSTRATIVE_SPEEDUPS}")
+    lines = [f"measured speedups from {path} ({info.get('gpu') or 'GPU not recorded'}): "
              f"{len(mixed)} of {len(tasks)} tasks get the speed mix"]
     for t, p in tasks.items():
         if p["mix"] == "speed_mix":

@@ -169,6 +169,7 @@ def test_a_compile_only_run_is_never_taken_for_a_measurement(tmp_path):
         LEAKY: {"correct_naive": {"compiled": True, "correct": None, "speedup": None, "ref_median_ms": None},
                 "correct_uncoalesced": {"compiled": True, "correct": None, "speedup": None, "ref_median_ms": None}}}}
     assert gen.plan(compiled)[LEAKY]["mix"] == "plain"
+    assert "nothing was measured" in gen.describe(compiled, "c.json", 1.5)
     assert by_task(gen.records(compiled))[LEAKY] == by_task(gen.records(None))[LEAKY]
     path = tmp_path / "m.json"
     path.write_text(json.dumps(MEASURED))
