@@ -23,9 +23,10 @@ Plain records (no measurements, or a task without a measured slow/fast pair), pe
   new to the warm policy, and RL that made first turns correct made the later turns derail (second-turn answers
   parsed 0.8 -> 0.5-0.6, third- and fourth-turn kernels 7% / 0% correct even before RL: docs/LOG.md, "multi-turn RL
   learns the first turn").
-The feedback of a correct attempt needs timings: without measurements those are ILLUSTRATIVE_SPEEDUPS and a made-up
-reference time per task, placeholders, and every record that shows one says so ("feedback_speedups":
-"illustrative"); the answer after them is the same whatever the number.
+The feedback of a correct attempt needs timings: where the plain solution was measured (a task measured without a
+usable pair) they are its measured speedup and reference time ("feedback_speedups": "measured"); without
+measurements they are ILLUSTRATIVE_SPEEDUPS and a made-up reference time per task, placeholders, and every record
+that shows one says so ("feedback_speedups": "illustrative"); the answer after them is the same whatever the number.
 
 The speed mix (a task whose measured correct solutions include a slow one S and a fast one F, F's speedup at least
 --min-ratio (1.5) times S's; S = the slowest, F = the fastest measured-correct solution, any others unused), so that
@@ -120,8 +121,11 @@ def attempt_of(response: str, feedback_text: str) -> dict:
     return {"code": parsed.code, "summary": parsed.summary, "feedback": feedback_text}
 
 
-def plain_records(task_id: str, task_index: int, good, wrong: list, speedups) -> list[dict]:
-    """The plain records of one task (module docstring) with `good` as the correct program."""
+def plain_records(task_id: str, task_index: int, good, wrong: list, speedups, measurement: dict | None = None
+                  ) -> list[dict]:
+    """The plain records of one task (module docstring) with `good` as the correct program; the feedback of its
+    correct attempts shows `measurement` ({speedup, ref_ms}: `good` measured on the GPU) where given, else the next
+    illustrative placeholders."""
     out = []
     for s in [good] + wrong:
         out.append({"task_id": task_id, "kind": "first_turn", "quality": s.kind, "origin": s.name,
@@ -141,10 +145,11 @@ def plain_records(task_id: str, task_index: int, good, wrong: list, speedups) ->
         out.append({"task_id": task_id, "kind": "refinement", "quality": "correct", "origin": good.name,
                     "attempt_qualities": history, "attempts": attempts, "response": fixed})
     # after a correct attempt: keep it (turns 2-4)
-    ref_ms = 0.25 * (1 + task_index % 4)
+    ref_ms = measurement["ref_ms"] if measurement else 0.25 * (1 + task_index % 4)
 
     def as_correct(response: str) -> dict:
-        return attempt_of(response, correct_feedback(task_id, good.source, next(speedups), ref_ms))
+        speedup = measurement["speedup"] if measurement else next(speedups)
+        return attempt_of(response, correct_feedback(task_id, good.source, speedup, ref_ms))
 
     keep = answer(good.source, "kept the kernel: it is correct, and no faster correct variant is known.",
                   "Okay, the previous kernel is correct. I do not see a change that keeps it correct and makes "
@@ -160,7 +165,7 @@ def plain_records(task_id: str, task_index: int, good, wrong: list, speedups) ->
                                ["correct", "correct", "correct"])):
         out.append({"task_id": task_id, "kind": "refinement", "quality": "correct", "origin": f"{good.name}:kept",
                     "attempt_qualities": history, "attempts": attempts, "response": keep,
-                    "feedback_speedups": "illustrative"})
+                    "feedback_speedups": "measured" if measurement else "illustrative"})
     return out
 
 
@@ -346,7 +351,7 @@ def records(data: dict | None = None, fast_share: float = DEFAULT_FAST_SHARE,
             continue
         plain = PLAIN_SOLUTIONS.get(task_id)
         good = next((s for s in correct if s.name == plain), correct[0])
-        out += plain_records(task_id, task_index, good, wrong, speedups)
+        out += plain_records(task_id, task_index, good, wrong, speedups, measured(data, task_id, good.name))
     return out
 
 
@@ -376,7 +381,10 @@ def describe(data: dict | None, path, min_ratio: float) -> str:
                          f"{p['speedups'][p['fast']]:.2f}x" + (f" (unused: {', '.join(p['unused'])})"
                                                                if p["unused"] else ""))
         else:
-            lines.append(f"  {t}: plain records ({p['why']}; illustrative feedback speedups)")
+            plain = PLAIN_SOLUTIONS.get(t)
+            shown = (f"measured {plain} {p['speedups'][plain]:.2f}x in the feedback" if p["speedups"].get(plain)
+                     else "illustrative feedback speedups")
+            lines.append(f"  {t}: plain records ({p['why']}; {shown})")
     return "\n".join(lines)
 
 

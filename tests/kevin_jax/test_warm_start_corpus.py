@@ -154,9 +154,15 @@ def test_without_measurements_the_records_are_plain_and_the_placeholders_say_so(
         assert (r.get("feedback_speedups") == "illustrative") == shows_timing
         if r["quality"] == "correct":
             assert code_of(r["response"]) == SOURCES[(r["task_id"], gen.PLAIN_SOLUTIONS[r["task_id"]])]
-    # tasks without a measured pair keep the plain records (illustrative feedback) beside measured tasks
-    hinge = by_task(gen.records(MEASURED))[HINGE]
-    assert hinge == by_task(plain)[HINGE]
+    # a task without a measured pair keeps the plain records beside measured tasks; its plain solution's measured
+    # speedup (HingeLoss' correct_naive: 3.0x) replaces the placeholders in its feedback
+    hinge, hinge_plain = by_task(gen.records(MEASURED))[HINGE], by_task(plain)[HINGE]
+    assert [code_of(r["response"]) for r in hinge] == [code_of(r["response"]) for r in hinge_plain]
+    shown = {a["feedback"].split("a speedup of ")[1].split("x.")[0] for r in hinge for a in r["attempts"]
+             if a["feedback"].startswith("Your kernel is correct")}
+    assert shown == {"3.00"}
+    assert {r.get("feedback_speedups") for r in hinge} == {None, "measured"}
+    assert "measured correct_naive 3.00x in the feedback" in gen.describe(MEASURED, "m.json", 1.5)
     assert "illustrative placeholders" in gen.describe(None, "x.json", 1.5)
     proc = subprocess.run([sys.executable, "scripts/make_warm_start_corpus.py", "--check", "--speedups",
                            str(tmp_path / "absent.json")], cwd=REPO, capture_output=True, text=True, timeout=300)
