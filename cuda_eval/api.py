@@ -126,6 +126,8 @@ def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
 
 
 FEEDBACK_MODES = ("kevin", "profile")
+# How a verdict that is our failure, not the candidate's, begins (its meta also says internal_error).
+INTERNAL_ERROR = "internal evaluator error (not the candidate's fault): "
 
 
 @dataclasses.dataclass
@@ -476,7 +478,7 @@ class Evaluator:
             self._internal_error(state, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
 
     def _internal_error(self, state: _State, message: str) -> concurrent.futures.Future:
-        state.result.runtime_error = f"internal evaluator error (not the candidate's fault): {message}"
+        state.result.runtime_error = INTERNAL_ERROR + message
         state.result.meta["internal_error"] = True
         return self._finish(state)
 

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from cuda_eval.api import EvalRequest, EvalResult
+from cuda_eval.api import INTERNAL_ERROR, EvalRequest, EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def failed_verdict(request: EvalRequest, error: str, mode: str = "full", format_
     errors are, with feedback that says the kernel was not judged."""
     result = EvalResult(
         request_id=request.request_id, task_id=request.task_id, mode=mode, format_ok=format_ok,
-        runtime_error=f"internal evaluator error (not the candidate's fault): the evaluation failed: {error}",
+        runtime_error=f"{INTERNAL_ERROR}the evaluation failed: {error}",
         feedback="The evaluation of this program failed for a reason unrelated to its code (an internal evaluator "
                  "error); it was not judged.",
         meta={"internal_error": True, "evaluation_failed": error[:2000]})

@@ -22,14 +22,12 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from kevin_jax.env.reward import counts_as_correct
+from kevin_jax.evaluation.metrics import fast_name as fast_key  # "fast_1", "fast_1.5": one naming for both
 
 FAST_P = (1.0, 1.5)
 PREFIX = "speed/"
 
 
-def fast_key(p: float) -> str:
-    """"fast_1", "fast_1.5" (the names of kevin_jax.evaluation.metrics.fast_name)."""
-    return f"fast_{p:g}"
 
 
 def _get(obj: Any, key: str, default=None):
