@@ -260,7 +260,7 @@ class Device:
         with self.torch_device:
             torch.randn(4)
         if self.type == "cuda":  # timer dlopen + scratch buffer, allocator snapshot, CUPTI: first uses are slow
-            self.timer.time(lambda: None, warmup=1, reps=2, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
+            self.timer.time(lambda _k: None, warmup=1, reps=2, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
             milestone(self.who, f"timer {self.info['timer']} works")
             if checks:
                 dynamic_checks.poison_free_memory("cuda")

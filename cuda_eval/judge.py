@@ -657,7 +657,7 @@ def _loop_overhead_ms(device: Device) -> float:
     from an empty loop: what the wall-clock bound allows for on top of the reported times."""
     calls = 40
     t0 = _monotonic()
-    device.timer.time(lambda: None, warmup=0, reps=calls, l2_flush_bytes=timing.l2_flush_bytes(device.type))
+    device.timer.time(lambda _k: None, warmup=0, reps=calls, l2_flush_bytes=timing.l2_flush_bytes(device.type))
     return max(0.02, 2.0 * (_monotonic() - t0) * 1e3 / calls)
 
 

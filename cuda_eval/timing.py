@@ -18,6 +18,12 @@ Warm-up reps are excluded; outside "kernelbench" the number of reps adapts to th
 first) within [min_reps, max_reps] and input sets are rotated between reps (no input stays hot in L2). The median is
 reported. The device_sync timer is cuda_eval._native.CudaTimer (events recorded from C++) when the native module
 provides it, else the same protocol with torch events. CPU mode uses the host monotonic clock for every method.
+
+Every timer calls `fn(k)` with the logical call number k: 0..warmup-1 for warm-up calls, warmup..warmup+reps-1 for
+timed ones. A group the gated timer measures again is called again with the same k's, so a caller that picks its
+input set by k (time_rotating, the worker) sees the same sets on every attempt, and the last timed call is always
+k = warmup+reps-1, whose output the judge checks against set (warmup+reps-1) mod n_sets (docs/LOG.md, "timing under
+load on one H100": a retried group used to shift the rotation and flag honest slow kernels).
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import gc
 import statistics
 import time
 from typing import Callable
+
+Call = Callable[[int], None]  # fn(k), k the logical call number (module doc)
 
 import torch
 
@@ -74,25 +82,25 @@ class HostTimer:
     """CPU mode: the host clock around each call (no L2 flush: CPU caches are not ours to flush)."""
     name = "host_clock"
 
-    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int = 0,
+    def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int = 0,
              sync_device: bool = True, stream: int = 0) -> list[float]:
-        for _ in range(warmup):
-            fn()
+        for k in range(warmup):
+            fn(k)
         out = []
-        for _ in range(reps):
+        for k in range(warmup, warmup + reps):
             t0 = _perf_counter_ns()
-            fn()
+            fn(k)
             out.append((_perf_counter_ns() - t0) / 1e6)
         return out
 
 
-def _warm_up(fn: Callable[[], None], warmup: int, scratch: torch.Tensor | None,
+def _warm_up(fn: Call, warmup: int, scratch: torch.Tensor | None,
              l2_flush_bytes: int) -> torch.Tensor | None:
     """The flush buffer (grown to l2_flush_bytes), after `warmup` calls of fn and a synchronise."""
     if l2_flush_bytes and (scratch is None or scratch.numel() < l2_flush_bytes):
         scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
+    for k in range(warmup):
+        fn(k)
     _cuda_synchronize()
     return scratch
 
@@ -105,17 +113,17 @@ class TorchEventTimer:
     def __init__(self):
         self._scratch: torch.Tensor | None = None
 
-    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int,
+    def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int,
              sync_device: bool = True, stream: int = 0) -> list[float]:
         self._scratch = _warm_up(fn, warmup, self._scratch, l2_flush_bytes)
         out = []
-        for _ in range(reps):
+        for k in range(warmup, warmup + reps):
             if self._scratch is not None:
                 self._scratch.zero_()
             _cuda_synchronize()
             start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
             start.record()
-            fn()
+            fn(k)
             if sync_device:
                 _cuda_synchronize()
             end.record()
@@ -131,9 +139,10 @@ class NativeTimer:
     def __init__(self, native):
         self._native = native
 
-    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int,
+    def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int,
              sync_device: bool = True, stream: int = 0) -> list[float]:
-        return list(self._native.time(fn, warmup=warmup, reps=reps, l2_flush_bytes=l2_flush_bytes,
+        calls = iter(range(warmup + reps))  # the C++ loop calls fn() once per k, in order, never again
+        return list(self._native.time(lambda: fn(next(calls)), warmup=warmup, reps=reps, l2_flush_bytes=l2_flush_bytes,
                                       sync_device=sync_device, stream=stream))
 
 
@@ -146,7 +155,7 @@ class GatedTimer:
         self._scratch: torch.Tensor | None = None
         self.meta: dict = {}
 
-    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int,
+    def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int,
              sync_device: bool = True, stream: int = 0) -> list[float]:
         self._scratch = _warm_up(fn, warmup, self._scratch, l2_flush_bytes)
         out: list[float] = []
@@ -157,13 +166,13 @@ class GatedTimer:
             _cuda_sleep(int(gate_ms * self.cycles_per_ms))
             gate_open.record()
             t0 = _perf_counter_ns()
-            pairs = []
-            for _ in range(n):
+            pairs, first = [], warmup + len(out)  # a retried group repeats its k's (module doc)
+            for k in range(first, first + n):
                 if self._scratch is not None:
                     self._scratch.zero_()
                 start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
                 start.record()
-                fn()
+                fn(k)
                 end.record()
                 pairs.append((start, end))
             host_ms = (_perf_counter_ns() - t0) / 1e6
@@ -192,12 +201,12 @@ class KernelBenchTimer:
     def __init__(self):
         self._thrash: torch.Tensor | None = None
 
-    def time(self, fn: Callable[[], None], *, warmup: int, reps: int, l2_flush_bytes: int = 0,
+    def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int = 0,
              sync_device: bool = True, stream: int = 0) -> list[float]:
         if self._thrash is None:
             self._thrash = torch.empty(KERNELBENCH_L2_BYTES // 8, dtype=torch.int64, device="cuda")
-        for _ in range(warmup):
-            fn()
+        for k in range(warmup):
+            fn(k)
             _cuda_synchronize()
         out = []
         for trial in range(reps + 1):
@@ -205,7 +214,7 @@ class KernelBenchTimer:
             start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
             self._thrash.fill_(42)
             start.record()
-            fn()
+            fn(warmup + max(trial - 1, 0))  # the discarded trial repeats the first timed k
             end.record()
             _cuda_synchronize()
             if trial:
@@ -221,7 +230,7 @@ def make_timer(device_type: str):
     try:
         from cuda_eval import _native
         native = NativeTimer(_native.CudaTimer(None))
-        native.time(lambda: None, warmup=1, reps=1, l2_flush_bytes=0)  # loads libcudart now, fails here if it can't
+        native.time(lambda _k: None, warmup=1, reps=1, l2_flush_bytes=0)  # loads libcudart now, fails here if it can't
         return native
     except (ImportError, AttributeError, TypeError, RuntimeError) as e:
         timer = TorchEventTimer()
@@ -254,13 +263,11 @@ def timer_for(method: str, device_type: str, sync_timer, gate_cycles_per_ms: flo
 
 def time_rotating(call: Callable[[int], None], n_sets: int, *, timer, device_type: str,
                   config: TimingConfig) -> dict:
-    """Time `call(i)` (the model on input set i) with `timer`; returns stats + reps/warmup/n_sets."""
-    counter = [0]
+    """Time `call(i)` (the model on input set i = k mod n_sets for the k-th call) with `timer`; returns stats +
+    reps/warmup/n_sets."""
 
-    def fn():
-        i = counter[0]
-        counter[0] = (i + 1) % n_sets
-        call(i)
+    def fn(k: int) -> None:
+        call(k % n_sets)
 
     flush = l2_flush_bytes(device_type)
     gc_was_enabled = gc.isenabled()
