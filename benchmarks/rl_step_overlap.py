@@ -163,7 +163,13 @@ def main(argv=None) -> int:
     sampler = TaskSampler([t.task_id for t in train_tasks], spec.rl.tasks_per_step, spec.seed)
     by_id = {t.task_id: t for t in tasks}
 
-    cache_root = Path(args.cache_root or tempfile.mkdtemp(prefix="rl_step_overlap_"))
+    # the sandbox uids must read the build cache: a 0755 folder under /var/tmp, not mkdtemp's private 0700 in /tmp
+    if args.cache_root:
+        cache_root = Path(args.cache_root)
+    else:
+        parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
+        cache_root = Path(tempfile.mkdtemp(prefix="rl_step_overlap_", dir=parent))
+        cache_root.chmod(0o755)
     gpus = shared_gpus(spec.gpu.jax_devices, spec.eval.devices, num_gpus)
     rows, parts = [], {}
     with contextlib.ExitStack() as stack:
@@ -171,7 +177,7 @@ def main(argv=None) -> int:
         for name in variants:
             overlap, g = VARIANTS[name]
             cache = cache_root / name
-            cache.mkdir(parents=True, exist_ok=True)
+            cache.mkdir(mode=0o755, parents=True, exist_ok=True)
             evaluators[name] = stack.enter_context(Evaluator(dataclasses.replace(spec.eval, cache_dir=str(cache))))
             env = dataclasses.replace(spec.env, overlap=overlap, pipeline_groups=g or groups)
             runners[name] = EpisodeRunner(policy, evaluators[name], tokenizer, env, spec.reward)

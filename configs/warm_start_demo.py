@@ -20,9 +20,12 @@ What to expect on one H100 (docs/LOG.md, "turn_mean plus a KL penalty to the war
 in ~1.5 minutes (0.16-0.19 s/step, answer NLL 9.19 -> ~0.007), then RL steps of ~2 minutes (the first ~4.5 with
 compiles); in 9-10 steps the all-kernel correct fraction rose 0.742 -> 0.831 (seed 0) and 0.642 -> 0.703 (seed 1),
 the mean score 0.981 -> 1.041 and 0.847 -> 0.936. Single-turn (4x H200, one run per GPU): correct ~0.6 -> 0.88-0.98
-in 5-10 steps of ~40 s ("multi-turn RL at lr 2e-5"). The speed part of the score does not move: the corpus has no
-faster variant to find. An 80M policy memorising a small corpus: this shows that rewards, advantages, masking and
-updates work end to end, nothing about 32B-scale results.
+in 5-10 steps of ~40 s ("multi-turn RL at lr 2e-5"). Those runs used the corpus before its speed mix (at 66e84aa),
+in which the speed part of the score could not move: no task had a faster variant to find. The shipped corpus now
+has, for 16 of the 17 tasks, a slow and a rare fast correct kernel measured on an H100 ("timing under load on one
+H100": 1.9-12.8x apart); the speed demo on it (device/plans/speed_demo_x1.sh) has not run yet. An 80M policy
+memorising a small corpus: this shows that rewards, advantages, masking and updates work end to end, nothing about
+32B-scale results.
 """
 from configs import common  # noqa: F401  (the repo root on sys.path, as for every config)
 from configs import one_gpu

@@ -147,7 +147,7 @@ def test_corpus_records_load_and_render_as_sft_examples(tmp_path):
 def test_without_measurements_the_records_are_plain_and_the_placeholders_say_so(tmp_path):
     assert gen.load_speedups(tmp_path / "absent.json") is None
     plain = gen.records(None)
-    assert gen.corpus_text(None) == sft.BUILTIN_CORPUS.read_text(encoding="utf-8")       # the shipped corpus
+    assert gen.corpus_text(None) != sft.BUILTIN_CORPUS.read_text(encoding="utf-8")  # shipped: from measurements
     assert not any("variant" in r or "speedup" in r for r in plain)
     for r in plain:
         shows_timing = any(a["feedback"].startswith("Your kernel is correct") for a in r["attempts"])
@@ -166,8 +166,21 @@ def test_without_measurements_the_records_are_plain_and_the_placeholders_say_so(
     assert "illustrative placeholders" in gen.describe(None, "x.json", 1.5)
     proc = subprocess.run([sys.executable, "scripts/make_warm_start_corpus.py", "--check", "--speedups",
                            str(tmp_path / "absent.json")], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the shipped corpus is the measured one, not the plain one
     assert "absent" in proc.stderr and "not measurements" in proc.stderr
+
+
+def test_the_shipped_corpus_comes_from_the_shipped_gpu_measurements():
+    """kevin_jax/data/warm_start_corpus.jsonl is what the generator writes from kevin_jax/data/builtin_speedups.json,
+    and that file is a full GPU run (benchmarks/builtin_speed_variants.py), not a compile-only one: every task but one
+    gets a measured slow/fast pair, and no record shows a placeholder speedup."""
+    shipped = gen.load_speedups(gen.DEFAULT_SPEEDUPS)
+    assert shipped is not None and shipped["measured"]["mode"] == "full" and "H100" in shipped["measured"]["gpu"]
+    assert gen.corpus_text(shipped) == sft.BUILTIN_CORPUS.read_text(encoding="utf-8")
+    records = gen.records(shipped)
+    assert not any(r.get("feedback_speedups") == "illustrative" for r in records)
+    with_pair = {r["task_id"] for r in records if r.get("variant") == "fast"}
+    assert len(with_pair) == 16 and "L1/4_Sum_reduction_over_a_dimension" not in with_pair
 
 
 def test_a_compile_only_run_is_never_taken_for_a_measurement(tmp_path):
