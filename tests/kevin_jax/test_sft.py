@@ -44,7 +44,22 @@ def _generator():
 
 
 @pytest.fixture(scope="module")
-def corpus():
+def plain_corpus_path(tmp_path_factory):
+    """The corpus the generator writes without measurements (one plain solution per task, illustrative speedups),
+    through a file as sft reads any corpus: the properties below are the generator's, whatever data is shipped."""
+    path = tmp_path_factory.mktemp("corpus") / "plain.jsonl"
+    path.write_text(_generator().corpus_text(None), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(plain_corpus_path):
+    return sft.read_jsonl(plain_corpus_path)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """kevin_jax/data/warm_start_corpus.jsonl: the speed mix from the shipped GPU measurements."""
     return sft.read_jsonl("builtin")
 
 
@@ -60,20 +75,22 @@ def tasks():
 
 # ---------------------------------------------------------------------------------------------------- corpus
 def test_shipped_corpus_is_what_the_generator_writes():
-    assert sft.BUILTIN_CORPUS.read_text(encoding="utf-8") == _generator().corpus_text(), \
-        "run: python scripts/make_warm_start_corpus.py"
+    gen = _generator()
+    expected = gen.corpus_text(gen.load_speedups(gen.DEFAULT_SPEEDUPS))  # the measured speed mix
+    assert sft.BUILTIN_CORPUS.read_text(encoding="utf-8") == expected, "run: python scripts/make_warm_start_corpus.py"
     # the plain corpus is ~1.7 MB; with measured speed variants (repeated records: scripts/make_warm_start_corpus.py)
     # ~4 MB
     assert sft.BUILTIN_CORPUS.stat().st_size < 5 << 20
 
 
-def test_corpus_covers_every_builtin_task_with_every_quality(corpus, tasks):
+def test_corpus_covers_every_builtin_task_with_every_quality(corpus, shipped, tasks):
     assert set(tasks) == {s.task_id for s in builtin_solutions()}
-    labels = collections.defaultdict(set)
-    for ex in corpus:
-        labels[ex.task_id].add(ex.label)
     expected = {"first_turn/correct", "first_turn/wrong", "first_turn/compile_error", "refinement/correct"}
-    assert {t: labels[t] for t in tasks} == {t: expected for t in tasks}
+    for examples in (corpus, shipped):
+        labels = collections.defaultdict(set)
+        for ex in examples:
+            labels[ex.task_id].add(ex.label)
+        assert {t: labels[t] for t in tasks} == {t: expected for t in tasks}
     chains = collections.Counter((ex.task_id, _keeps(ex), len(ex.attempts)) for ex in corpus
                                  if ex.kind == "refinement")
     # fixes: after a compile error, after a wrong output, after both; kept: after a correct kernel at turns 2-4
@@ -86,32 +103,50 @@ def _keeps(ex) -> bool:
     return bool(ex.attempts) and ex.attempts[-1].feedback.startswith("Your kernel is correct")
 
 
-def test_corpus_answers_are_the_solutions_and_one_deliberate_compile_error(corpus):
+def test_corpus_answers_are_the_solutions_and_one_deliberate_compile_error(corpus, shipped):
     from kevin_jax.env.parse import parse_response
     sources = {(s.task_id, s.name): s.source.strip() for s in builtin_solutions()}
     plain = _generator().PLAIN_SOLUTIONS
+
+    def of_kind(task_id, kind):
+        return {v for (t, name), v in sources.items() if t == task_id and name.startswith(kind)}
     for ex in corpus:
         code = parse_response(ex.response, prompt_opens_thought=True).code
         if ex.quality == "correct":     # without measured speedups: the task's plain solution, never a variant
             assert code.strip() == sources[(ex.task_id, plain[ex.task_id])]
         elif ex.quality == "wrong":
-            assert code.strip() in {v for (t, name), v in sources.items() if t == ex.task_id and name[:5] == "wrong"}
+            assert code.strip() in of_kind(ex.task_id, "wrong")
         else:
             good = sources[(ex.task_id, plain[ex.task_id])]
             assert code.count("threadIdx_x") == 1 and code.replace("threadIdx_x", "threadIdx.x", 1).strip() == good
+    for ex in shipped:  # the speed mix: any correct solution of the task (slow or fast), the same wrong ones
+        code = parse_response(ex.response, prompt_opens_thought=True).code.strip()
+        if ex.quality == "correct":
+            assert code in of_kind(ex.task_id, "correct")
+        elif ex.quality == "wrong":
+            assert code in of_kind(ex.task_id, "wrong")
+        else:
+            assert code.count("threadIdx_x") == 1
+            assert code.replace("threadIdx_x", "threadIdx.x", 1) in of_kind(ex.task_id, "correct")
 
 
-def test_corpus_feedback_is_the_evaluators_rendering(corpus):
-    """Every feedback is cuda_eval.feedback.render of the verdict it describes; only correct attempts show timings,
-    and those speedups are the generator's illustrative ones."""
+@pytest.mark.parametrize("which", ["plain", "shipped"])
+def test_corpus_feedback_is_the_evaluators_rendering(corpus, shipped, which):
+    """Every feedback is cuda_eval.feedback.render of the verdict it describes; only correct attempts show timings:
+    the generator's illustrative speedups without measurements, the measured ones in the shipped corpus."""
     gen = _generator()
+    data = gen.load_speedups(gen.DEFAULT_SPEEDUPS)
+    name_of = {(s.task_id, s.source.strip()): s.name for s in builtin_solutions()}
     shown = set()
-    for ex in corpus:
+    for ex in corpus if which == "plain" else shipped:
         for a in ex.attempts:
             if a.feedback.startswith("Your kernel is correct"):
                 speedup = float(a.feedback.split("a speedup of ")[1].split("x.")[0])
                 ref_ms = float(a.feedback.split(" versus ")[1].split(" ms")[0])
                 shown.add(speedup)
+                if which == "shipped":  # the measurement of the solution shown, unrounded
+                    m = gen.measured(data, ex.task_id, name_of[(ex.task_id, a.code.strip())])
+                    speedup, ref_ms = m["speedup"], m["ref_ms"]
                 expected = gen.correct_feedback(ex.task_id, a.code, speedup, ref_ms)
                 assert a.feedback == expected
                 continue
@@ -128,7 +163,12 @@ def test_corpus_feedback_is_the_evaluators_rendering(corpus):
             else:
                 assert a.feedback == ("Your kernel compiled and ran, but its output is incorrect (trial 1 of 5): "
                                       "outputs differ.")
-    assert shown == set(gen.ILLUSTRATIVE_SPEEDUPS)
+    if which == "plain":
+        assert shown == set(gen.ILLUSTRATIVE_SPEEDUPS)
+    else:
+        measured = {round(x["speedup"], 2) for sols in gen.load_speedups(gen.DEFAULT_SPEEDUPS)["solutions"].values()
+                    for x in sols.values() if x["correct"]}
+        assert shown and shown <= measured
 
 
 def test_refinement_examples_render_exactly_like_the_environments_later_turns(corpus, tokenizer, tasks):
@@ -182,13 +222,14 @@ def test_refinement_examples_render_exactly_like_the_environments_later_turns(co
     assert sft.prompt_tokens(kept, renderer, sources) == turns[1].prompt_tokens
 
 
-def test_warm_start_with_the_corpus_uses_training_tasks_only(tokenizer, tasks):
+def test_warm_start_with_the_corpus_uses_training_tasks_only(tokenizer, tasks, plain_corpus_path):
     renderer = PromptRenderer(tokenizer, 16384, GPU_NAME)
     train = [tasks["L1/1_LeakyReLU"], tasks["L1/6_LayerNorm"]]
-    samples = warm_start_examples(WarmStartConfig(steps=1, corpus="builtin"), train, renderer, tokenizer.eos_id)
+    samples = warm_start_examples(WarmStartConfig(steps=1, corpus=plain_corpus_path), train, renderer,
+                                  tokenizer.eos_id)
     assert len(samples) == 2 * 12         # per task: correct, wrong, compile error, 3 fixes, 6 kept
-    only = warm_start_examples(WarmStartConfig(steps=1, corpus="builtin", solution_tasks="L1/6_LayerNorm"), train,
-                               renderer, tokenizer.eos_id)
+    only = warm_start_examples(WarmStartConfig(steps=1, corpus=plain_corpus_path, solution_tasks="L1/6_LayerNorm"),
+                               train, renderer, tokenizer.eos_id)
     assert len(only) == 12
     first_prompts = {tuple(renderer.first_turn(t.source).token_ids) for t in train}
     assert sum(tuple(s.prompt_tokens) in first_prompts for s in samples) == 2 * 3
