@@ -3,6 +3,7 @@ and judging a whole RL batch, compared with the same kernels timed alone on an i
 
     python benchmarks/timing_under_load.py --out $OUT/timing_under_load.json      # ~19 min on an H100 + 16 cores
     python benchmarks/timing_under_load.py --device-type cpu --limit 6 --quick --out /tmp/tul.json   # CPU smoke
+    python benchmarks/timing_under_load.py --from-json timing_under_load.json     # re-analyse a saved run
 
 The set (built here, one item = id, task source, program): every honest kernel of tests/cuda_eval/corpus, the 22
 solved tasks of benchmarks/candidates and the built-in tasks' correct_* solutions (elementwise maps, reductions,
@@ -867,9 +868,25 @@ def print_report(out: dict) -> None:
 
 
 # --- main ---------------------------------------------------------------------------------------------------------
+def report_saved(path: str) -> None:
+    """The analysis and report of a saved run, recomputed from its records (a run made before a criterion changed
+    is judged by the current one)."""
+    with open(path) as f:
+        out = json.load(f)
+    items = [Item(x["id"], x["source"], x["task_id"], "", "", True) for x in out["set"]]
+    rec, skip_idle = out["records"], bool(out["args"].get("skip_idle"))
+    out["analysis"] = analyse(items, rec["idle"], rec["load"], rec["warm"], skip_idle)
+    out["summary"] = summarise(out["analysis"], rec["load"], rec["load_programs_load"], rec["load_programs_warm"],
+                               out.get("empty_forward"), skip_idle)
+    for label in ("shared", "shared_yield"):
+        if out.get(f"records_{label}"):
+            out["summary"][label] = summarise_shared(out["analysis"], out[f"records_{label}"])
+    print_report(out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="JSON result file")
+    p.add_argument("--out", default="", help="JSON result file (required unless --from-json)")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the plumbing on the CPU corpus (no floor, no graph)")
@@ -884,7 +901,14 @@ def main():
     p.add_argument("--keep-cache", action="store_true", help="leave the build caches in /var/tmp")
     p.add_argument("--with-sampler", action="store_true", help="scenario 4: the set again while a JAX sampler "
                    "generates on the same GPU (reported apart, no target)")
+    p.add_argument("--from-json", default="", help="analyse and report a saved run (its --out) with this script's "
+                   "criteria, and exit")
     args = p.parse_args()
+    if args.from_json:
+        report_saved(args.from_json)
+        return
+    if not args.out:
+        p.error("--out is required")
     from cuda_eval.api import EvalConfig
     if args.timing_method and "timing_method" not in {f.name for f in dataclasses.fields(EvalConfig)}:
         p.error("--timing-method: this evaluator's EvalConfig has no timing_method field")

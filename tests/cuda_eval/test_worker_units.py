@@ -184,7 +184,6 @@ class _FakeGate:
 
     def __init__(self, late: set[int]):
         self.late, self.groups = late, 0
-        self.gate_events = 0
 
     def event(self, enable_timing: bool = False):
         fake = self
