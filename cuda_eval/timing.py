@@ -33,9 +33,9 @@ import statistics
 import time
 from typing import Callable
 
-Call = Callable[[int], None]  # fn(k), k the logical call number (module doc)
-
 import torch
+
+Call = Callable[[int], None]  # fn(k), k the logical call number (module doc)
 
 _perf_counter_ns = time.perf_counter_ns  # captured before candidate code can replace them
 _cuda_synchronize = torch.cuda.synchronize
