@@ -115,13 +115,18 @@ class EvalConfig:
             raise ValueError("EvalConfig.worker_memory_bytes must be >= 0 (0 = no limit)")
 
 
+def _usable_cpus() -> int:
+    from cuda_eval.compile_pool import usable_cpus   # the pool module loads lazily, with the evaluator
+    return usable_cpus()
+
+
 def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
     """Spare workers per device when EvalConfig.spare_workers is 0. A device runs one candidate at a time (~0.9 s of
     worker wall on an H200) while a fresh worker needs seconds to import torch and initialise CUDA; with 2 spares
     the GPU mostly waited for workers (docs/LOG.md, "steps are evaluation-bound": 28% busy in eval_throughput, a
     68-kernel round took 117 s for ~0.9 s jobs). Enough spares to hide start-up, bounded by the cores (a start-up is
     CPU-bound) and by memory (a CUDA context each)."""
-    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 2)
+    cores = cpu_count if cpu_count is not None else max(2, _usable_cpus())
     return max(2, min(8, cores // (2 * max(1, n_devices))))
 
 
@@ -320,7 +325,7 @@ class Evaluator:
     def _make_compile_pool(self):
         from cuda_eval import compile_pool as cp
         cfg = self.config
-        wanted = {"workers": cfg.compile_workers or os.cpu_count() or 1, "arch": cfg.arch,
+        wanted = {"workers": cfg.compile_workers or _usable_cpus(), "arch": cfg.arch,
                   "cache_dir": cfg.cache_dir, "cache_max_bytes": cfg.cache_max_bytes,
                   "record_timeout_s": cfg.record_timeout_s, "compile_timeout_s": cfg.compile_timeout_s,
                   "max_log_chars": cfg.max_log_chars}

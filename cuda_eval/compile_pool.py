@@ -42,6 +42,15 @@ ERROR_KINDS = ("syntax", "no_model_new", "no_load_inline", "record_error", "reco
 MAX_RECORD_BYTES = 16 << 20  # record.json is written by the candidate's process: read at most this much of it
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its CPU affinity: a job pinned with taskset or a cgroup cpuset), not the
+    machine's: os.cpu_count() would start a compiler per core of the host for a job given half of them."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_cache_dir() -> str:
     return os.environ.get("CUDA_EVAL_CACHE_DIR", "/var/tmp/cuda_eval_cache")
 
@@ -49,7 +58,7 @@ def default_cache_dir() -> str:
 @dataclasses.dataclass(frozen=True)
 class CompileConfig:
     """Settings of the compile stage."""
-    workers: int = os.cpu_count() or 1          # candidates compiled at once
+    workers: int = usable_cpus()                 # candidates compiled at once
     arch: str = "auto"                           # "auto" (the GPU's, else sm_90) | "sm_90" | "9.0" ...
     cache_dir: str = ""                          # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache
     cache_max_bytes: int = 20 << 30              # built .so and object files (LRU beyond this)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Jobs pinned to one GPU each, for leases of several GPUs: runs of the one-GPU config side by side (each process sees
 # only its GPU through CUDA_VISIBLE_DEVICES; cuda_eval's workers inherit it). Meant for lines of a background plan.
-#   bash device/gpus.sh start NAME GPU "CMD"   # detached; CMD runs with OUT=$JOBS/NAME, log in $JOBS/NAME.log
+#   [CPUS=0-15] bash device/gpus.sh start NAME GPU "CMD"   # detached; OUT=$JOBS/NAME, log in $JOBS/NAME.log;
+#                                                        # CPUS pins it to those cores (taskset)
 #   bash device/gpus.sh wait NAME...           # until each job has written $JOBS/NAME.rc (WAIT_S: 1500)
 #   bash device/gpus.sh kill NAME              # its whole process group; rc 137 so that waits go on
 # Never `pkill -f` a job's command line: the plan runner's own command line holds every plan line, so it would die too.
@@ -14,7 +15,7 @@ case "${1:-}" in
     name=${2:?name} gpu=${3:?gpu} cmd=${4:?command}
     [ -f "$JOBS/$name.started" ] && ! [ -f "$JOBS/$name.rc" ] && { echo "job $name is already running"; exit 1; }
     rm -f "$JOBS/$name.rc"; mkdir -p "$JOBS/$name"; date +%T > "$JOBS/$name.started"
-    CUDA_VISIBLE_DEVICES=$gpu OUT="$JOBS/$name" setsid bash -c "( $cmd ); echo \$? > '$JOBS/$name.rc'" \
+    CUDA_VISIBLE_DEVICES=$gpu OUT="$JOBS/$name" setsid ${CPUS:+taskset -c "$CPUS"} bash -c "( $cmd ); echo \$? > '$JOBS/$name.rc'" \
       > "$JOBS/$name.log" 2>&1 < /dev/null &
     echo $! > "$JOBS/$name.pid"     # setsid runs in the background job's process: pid = process group id
     echo "$(date +%T) job $name on GPU $gpu: $cmd" | tee -a "$JOBS/jobs.txt" ;;
