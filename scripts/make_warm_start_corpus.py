@@ -55,6 +55,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script from a checkout: the repo's packages
+
 from cuda_eval import feedback
 from cuda_eval.api import EvalResult
 
