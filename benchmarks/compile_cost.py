@@ -3,6 +3,7 @@
     python benchmarks/compile_cost.py                          # all candidates, cpu-count workers
     python benchmarks/compile_cost.py --limit 12 --workers 2   # a quick look (2-core dev box)
     python benchmarks/compile_cost.py --json $OUT/cost.json    # GPU box: keep the per-candidate rows
+    python benchmarks/compile_cost.py --no-static-record       # every program recorded (before the static record)
 
 Candidates: tests/cuda_eval/corpus (honest, bad, adversarial), benchmarks/candidates and the built-in solutions
 (kevin_jax.tasks.builtin_solutions()), each under extension names of its own (a tag added to every literal
@@ -156,6 +157,8 @@ def main(argv=None) -> int:
                     help="sync: the default flag set's PCH is built before the clock starts")
     ap.add_argument("--no-glue-binding", action="store_true",
                     help="main.cpp exactly as load_inline writes it (the baseline of the glue + binding build)")
+    ap.add_argument("--no-static-record", action="store_true",
+                    help="record every program in the sandbox, as before the static record (the baseline)")
     ap.add_argument("--json", default="", help="write the per-candidate rows here")
     ap.add_argument("--keep-cache", default="", help="use (and keep) this cache dir instead of a fresh one")
     args = ap.parse_args(argv)
@@ -167,7 +170,8 @@ def main(argv=None) -> int:
     try:
         cfg = CompileConfig(workers=args.workers, arch=args.arch, cache_dir=cache_dir,
                             work_root=os.path.join(root, "work"), pch=args.pch, record_timeout_s=300,
-                            compile_timeout_s=1800, glue_binding=not args.no_glue_binding)
+                            compile_timeout_s=1800, glue_binding=not args.no_glue_binding,
+                            static_record=not args.no_static_record)
         t0, c0 = time.monotonic(), _children_cpu()
         pool = CompilePool(cfg)
         setup = {"wall_s": round(time.monotonic() - t0, 2), "children_cpu_s": round(_children_cpu() - c0, 2)}
@@ -183,6 +187,7 @@ def main(argv=None) -> int:
                 missing = bool(_MISSING_CUDA_HEADER.search(o.log or ""))
                 hits = sum(1 for m in o.timings.get("modules", []) if m.get("cache_hit"))
                 row = {"id": c["id"], "ok": o.ok, "error_kind": o.error_kind, "counted": not missing,
+                       "record_static": bool(o.timings.get("record_static")),
                        "missing_cuda_headers": missing, "cache_hits": hits, "cpu": cost(o),
                        "wall_s": o.timings.get("wall_s"),
                        "header_modes": [m.get("header_mode") for m in o.timings.get("modules", [])],
@@ -210,6 +215,9 @@ def main(argv=None) -> int:
         kinds[r["error_kind"] or "ok"] = kinds.get(r["error_kind"] or "ok", 0) + 1
     print(f"Counted {len(counted)} of {len(rows)} candidates ({len(rows) - len(counted)} need CUDA headers this "
           f"machine lacks); outcomes: {', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}.")
+    print(f"Builds read from the source (static record, no record process): "
+          f"{sum(r.get('record_static', False) for r in counted)} of {len(counted)}"
+          f"{' (off: --no-static-record)' if args.no_static_record else ''}.")
     modes: dict[str, int] = {}
     for r in counted:
         for m in r["binding_modes"]:

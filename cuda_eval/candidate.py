@@ -528,3 +528,224 @@ def speculate_specs(code: str) -> list[ExtensionSpec]:
             except _NotStatic:
                 env.pop(stmt.targets[0].id, None)
     return specs
+
+
+# --- static record ---------------------------------------------------------------------------------------------
+_CPP_EXTENSION = "torch.utils.cpp_extension"
+_LOADERS = ("load_inline", "load")
+# Names through which a program can reach its module's namespace or call something we cannot see: their presence
+# sends it to the recording (a program that needs none of them is the common case).
+_OPAQUE_NAMES = frozenset({"exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
+                           "__import__", "__builtins__", "builtins", "importlib", "sys", "__dict__", "__class__",
+                           "__globals__", "__code__", "__getattribute__", "__setattr__"})
+
+
+_PLAIN_IMPORTS = frozenset({"torch", "math", "typing", "functools", "itertools", "collections", "dataclasses",
+                            "numbers", "enum", "abc", "__future__", "os", "numpy"})
+_PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property"})
+
+
+def _no_call(node) -> bool:
+    import ast
+    return not any(isinstance(n, (ast.Call, ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom))
+                   for n in ast.walk(node))
+
+
+def _static_expr(node) -> bool:
+    """An expression _static_value could evaluate, judged by its shape alone."""
+    import ast
+    return all(isinstance(n, (ast.Constant, ast.Name, ast.List, ast.Tuple, ast.Dict, ast.BinOp, ast.Add, ast.Load,
+                              ast.UnaryOp, ast.USub, ast.UAdd))
+               for n in ast.walk(node))
+
+
+def _plain_def(stmt) -> bool:
+    """A def whose creation runs nothing of the program's: plain decorators, static defaults, annotations
+    without calls."""
+    import ast
+    a = stmt.args
+    return all(isinstance(d, ast.Name) and d.id in _PLAIN_DECORATORS for d in stmt.decorator_list) and \
+        all(_static_expr(d) for d in [*a.defaults, *(d for d in a.kw_defaults if d is not None)]) and \
+        all(_no_call(n) for n in [*(x.annotation for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                                     if x is not None and x.annotation is not None),
+                                  *([stmt.returns] if stmt.returns is not None else [])])
+
+
+def _plain_statement(stmt, loader_calls: set[int], in_class: bool = False) -> bool:
+    """A statement whose execution at import runs nothing of the program's own and nothing but our loader: imports
+    of common modules, static assignments, plain defs and classes, docstrings, the loader calls themselves."""
+    import ast
+    if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+        return True
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)) and not in_class:
+        if isinstance(stmt, ast.ImportFrom):
+            return not stmt.level and (stmt.module or "").split(".")[0] in _PLAIN_IMPORTS
+        return all(alias.name.split(".")[0] in _PLAIN_IMPORTS for alias in stmt.names)
+    if isinstance(stmt, (ast.Assign, ast.Expr)) and id(stmt.value) in loader_calls:
+        return not in_class
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return _static_expr(stmt.value)
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return _plain_def(stmt)
+    if isinstance(stmt, ast.ClassDef) and not in_class:
+        return not stmt.keywords and not stmt.decorator_list and \
+            all(isinstance(b, (ast.Name, ast.Attribute)) and _no_call(b) for b in stmt.bases) and \
+            all(_plain_statement(s, loader_calls, in_class=True) for s in stmt.body)
+    return False
+
+
+def _binding_counts(tree) -> dict[str, int]:
+    """How many times each identifier is bound anywhere in the program (assignments, loop and with targets,
+    imports, definitions, parameters, except names, patterns, del; a `global` declaration counts twice)."""
+    import ast
+    counts: dict[str, int] = {}
+
+    def bind(name, n: int = 1) -> None:
+        if name:
+            counts[name] = counts.get(name, 0) + n
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bind(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bind(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bind(node.name)
+        elif isinstance(node, ast.arg):
+            bind(node.arg)
+        elif isinstance(node, ast.ExceptHandler):
+            bind(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                bind(name, 2)
+        elif type(node).__name__ in ("MatchAs", "MatchStar"):
+            bind(getattr(node, "name", None))
+        elif type(node).__name__ == "MatchMapping":
+            bind(getattr(node, "rest", None))
+    return counts
+
+
+def static_record_specs(code: str) -> list[ExtensionSpec] | None:
+    """The extensions a program builds, read from its source without running it, when that reading is complete:
+    the specs the recording (cuda_eval.record) would give, in its order, or None when the program must be recorded.
+
+    Complete means: the program defines ModelNew; every use of torch.utils.cpp_extension.load_inline is a call that
+    is a module-level statement (`x = load_inline(...)` or a bare call), whose arguments are literals or names bound
+    exactly once in the whole program, at module level, to such values; the loader and its module are imported once
+    and never rebound, aliased or reached any other way; no `load` (sources on disk); nothing that can reach the
+    module's namespace or call what we cannot see (exec, getattr, globals, importlib, sys, ... : _OPAQUE_NAMES);
+    no star import. Anything else, a syntax error included, returns None (the recording tells, with its messages).
+    Why it is safe: a build the reading missed is still built when the program asks for it at run time
+    (install_prebuilt's run-time builder), and a program is only ever given modules built from its own sources.
+    Never raises."""
+    import ast
+    try:
+        tree = ast.parse(code)
+        counts = _binding_counts(tree)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
+        return None
+    loader_names: dict[str, str] = {}     # identifier -> "load_inline" | "load"
+    module_names: set[str] = set()        # identifiers bound to torch.utils.cpp_extension
+    torch_bound = False                   # `import torch` (or torch.<sub>): torch.utils.cpp_extension.load_inline
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                if node.module == _CPP_EXTENSION and alias.name in _LOADERS:
+                    loader_names[alias.asname or alias.name] = alias.name
+                elif node.module == "torch.utils" and alias.name == "cpp_extension":
+                    module_names.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == _CPP_EXTENSION and alias.asname:
+                    module_names.add(alias.asname)
+                elif alias.name.split(".")[0] == "torch" and not alias.asname:
+                    torch_bound = True
+        elif isinstance(node, ast.Name) and node.id in _OPAQUE_NAMES:
+            return None
+        elif isinstance(node, ast.Attribute) and node.attr in _OPAQUE_NAMES:
+            return None
+    if any(counts.get(name, 0) != 1 for name in [*loader_names, *module_names]) or \
+            (torch_bound and counts.get("torch", 0) != 1):
+        return None
+
+    def is_loader(func) -> str | None:
+        """'load_inline' / 'load' if `func` is the torch loader, else None."""
+        if isinstance(func, ast.Name):
+            return loader_names.get(func.id)
+        if isinstance(func, ast.Attribute) and func.attr in _LOADERS:
+            base = func.value
+            if isinstance(base, ast.Name) and base.id in module_names:
+                return func.attr
+            if torch_bound and ast.unparse(base) == _CPP_EXTENSION:
+                return func.attr
+        return None
+
+    top_calls = {id(stmt.value) for stmt in tree.body
+                 if isinstance(stmt, (ast.Assign, ast.Expr)) and isinstance(stmt.value, ast.Call)
+                 and (isinstance(stmt, ast.Expr) or (len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)))}
+    loader_calls = []
+    call_funcs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            kind = is_loader(node.func)
+            if kind is None:
+                continue
+            if kind != "load_inline" or id(node) not in top_calls:
+                return None
+            loader_calls.append(node)
+            call_funcs.add(id(node.func))
+    if not loader_calls:
+        return None
+    # Nothing of the program's own runs at import before (or between) its builds: no loop that hangs, no allocation,
+    # no file touched, no value changed behind the reading's back (those programs are recorded, as before).
+    if not all(_plain_statement(stmt, {id(c) for c in loader_calls}) for stmt in tree.body):
+        return None
+    for node in ast.walk(tree):
+        # the loader reached any way but a call we read (`f = load_inline`, `cpp_extension.load_inline` passed on)
+        if id(node) in call_funcs:
+            continue
+        if isinstance(node, ast.Name) and node.id in loader_names and isinstance(node.ctx, ast.Load):
+            return None
+        if isinstance(node, ast.Attribute) and node.attr in _LOADERS and is_loader(node) is not None:
+            return None
+
+    env: dict = {}
+    specs: list[ExtensionSpec] = []
+    try:
+        for stmt in tree.body:
+            value = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
+            if value is not None and id(value) in call_funcs | {id(c) for c in loader_calls}:
+                if any(k.arg is None for k in value.keywords) or any(isinstance(a, ast.Starred) for a in value.args):
+                    return None
+                args = [_static_value(a, env) for a in value.args]
+                kwargs = {k.arg: _static_value(k.value, env) for k in value.keywords}
+                specs.append(spec_from_load_inline(*args, **kwargs))
+                continue
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                    and counts.get(stmt.targets[0].id) == 1:
+                try:
+                    env[stmt.targets[0].id] = _static_value(stmt.value, env)
+                except _NotStatic:
+                    pass
+    except Exception:  # noqa: BLE001 - _NotStatic, or arguments load_inline itself would refuse: record it
+        return None
+    # A list or dict can change after its assignment (`flags.append(...)`, `f(flags)`, an alias): one that is used
+    # anywhere but as a loader argument, whole or as an element of a literal list, sends the program to recording.
+    mutable = {name for name, value in env.items() if isinstance(value, (list, dict))}
+    if mutable:
+        allowed: set[int] = set()
+        for call in loader_calls:
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                allowed.add(id(arg))
+                if isinstance(arg, (ast.List, ast.Tuple)):
+                    allowed.update(id(e) for e in arg.elts)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in mutable and isinstance(node.ctx, ast.Load) \
+                    and id(node) not in allowed:
+                return None
+    return list({s.key(): s for s in specs}.values())
