@@ -8,13 +8,13 @@ x 8 trajectories x 4 turns, 2 updates each, every kernel compiled, checked and t
 Command (the README's main command; one H100 or H200):
   python launch/train.py --config=configs/one_gpu.py --workdir=/tmp/kevin_one_gpu
 
-What to expect on one H100 (docs/LOG.md, "configs/one_gpu.py on one H100"): the warm start takes 4.7 minutes
-(0.67 s/step; "warm_start step k/400: answer NLL ..." lines), then per RL step a "round r (group g/2): ...,
-generate ..s, evaluate ..s, .. correct" line per turn of each pipeline group (the step's tasks in two groups, one
-evaluated while the other samples; before the groups, the first round took generate 33.9 s, evaluate 138.9 s, with
-cold JAX compiles and nvcc builds), an "episode of step k" line and "step k/10: score ..., correct ..., speedup ..x,
-fast_1 .., ..., episode ..s (.. x max), update ..s, MFU update ..%". A whole step and the whole run: not measured
-yet (device/plans/rl_step_overlap_h100.sh measures steps with and without the overlap). 150 warm-start steps were too few: no correct kernel, every advantage
+What to expect on one H100 with 16 cores (docs/LOG.md, "the speed demo's first seed ... configs/one_gpu.py's step
+time"): the warm start takes 4.6 minutes (0.63 s/step; "warm_start step k/400: answer NLL ..." lines), then per RL
+step a "round r (group g/2): ..., generate ..s, evaluate ..s, .. correct" line per turn of each pipeline group (the
+step's tasks in two groups, one evaluated while the other samples), an "episode of step k" line and "step k/10:
+score ..., correct ..., speedup ..x, fast_1 .., ..., episode ..s (.. x max), update ..s, MFU update ..%". The first
+RL step takes 4.1 minutes (episode 182 s with cold JAX compiles and nvcc builds, update 36 s), so it completes
+~8.9 minutes after the start (first step: score 1.10, correct 0.73). The whole 10-step run: not measured yet. 150 warm-start steps were too few: no correct kernel, every advantage
 zero (docs/LOG.md, "a start-up bug found and fixed"). To warm-start once for several RL runs, run launch/sft.py with
 this config (README, "Warm start once, several RL runs").
 """

@@ -23,9 +23,12 @@ the mean score 0.981 -> 1.041 and 0.847 -> 0.936. Single-turn (4x H200, one run 
 in 5-10 steps of ~40 s ("multi-turn RL at lr 2e-5"). Those runs used the corpus before its speed mix (at 66e84aa),
 in which the speed part of the score could not move: no task had a faster variant to find. The shipped corpus now
 has, for 16 of the 17 tasks, a slow and a rare fast correct kernel measured on an H100 ("timing under load on one
-H100": 1.9-12.8x apart); the speed demo on it (device/plans/speed_demo_x1.sh) has not run yet. An 80M policy
-memorising a small corpus: this shows that rewards, advantages, masking and updates work end to end, nothing about
-32B-scale results.
+H100": 1.9-12.8x apart). The speed demo on it (device/plans/speed_demo_x1.sh: 300-step warm start, then the
+turn_mean + KL recipe above; "the speed demo's first seed"): the first RL step 4.6 minutes, then ~2.6 minutes a step;
+seed 0, cut to 4 steps (no verdict under its pre-registered criterion), moved the fast-variant share of correct
+kernels 0.18 -> 0.68 and their mean speedup 0.34x -> 0.63x at 0.96-0.99 correct. An 80M policy memorising a small
+corpus: this shows that rewards (their speed term included), advantages, masking and updates work end to end,
+nothing about 32B-scale results.
 """
 from configs import common  # noqa: F401  (the repo root on sys.path, as for every config)
 from configs import one_gpu
