@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from cuda_eval import pysource
+
 # --- extraction -----------------------------------------------------------------------------------------------
 _FENCE_OPEN = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([A-Za-z0-9_+.\-]*)[^\n`]*$")
 _PYTHON_LANGS = {"", "python", "py", "python3", "py3"}
@@ -500,8 +502,8 @@ def speculate_specs(code: str) -> list[ExtensionSpec]:
     while the program is still being recorded; the recorded specs remain the truth. Never raises; [] if unsure."""
     import ast
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = pysource.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
         return []
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in ast.walk(tree)):
         return []
@@ -641,9 +643,9 @@ def static_record_specs(code: str) -> list[ExtensionSpec] | None:
     Never raises."""
     import ast
     try:
-        tree = ast.parse(code)
+        tree = pysource.parse(code)
         counts = _binding_counts(tree)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
         return None
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
         return None

@@ -21,6 +21,8 @@ import dataclasses
 import re
 from typing import Iterable
 
+from cuda_eval import pysource
+
 
 @dataclasses.dataclass(frozen=True)
 class HackFlag:
@@ -170,7 +172,7 @@ def static_check(code: str, policy: StaticPolicy | None = None) -> list[HackFlag
     it with the interpreter's message. Never raises on any string."""
     policy = policy or StaticPolicy()
     try:
-        tree = ast.parse(code)
+        tree = pysource.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     try:
