@@ -485,14 +485,20 @@ def _static_value(node, env: dict):
         if node.id in env:
             return env[node.id]
         raise _NotStatic(node.id)
-    if isinstance(node, (ast.List, ast.Tuple)):
+    if isinstance(node, ast.List):
         return [_static_value(e, env) for e in node.elts]
+    if isinstance(node, ast.Tuple):       # a tuple stays one: ("-O3",) + ["-g"] raises in Python, so it must here
+        return tuple(_static_value(e, env) for e in node.elts)
     if isinstance(node, ast.Dict) and None not in node.keys:
         return {_static_value(k, env): _static_value(v, env) for k, v in zip(node.keys, node.values)}
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _static_value(node.left, env), _static_value(node.right, env)
-        if type(left) is type(right) and isinstance(left, (str, list)):
+        if type(left) is type(right) and isinstance(left, (str, list, tuple)):
             return left + right
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _static_value(node.operand, env)
+        if type(value) in (int, float):
+            return -value if isinstance(node.op, ast.USub) else value
     raise _NotStatic(type(node).__name__)
 
 
@@ -533,18 +539,35 @@ def speculate_specs(code: str) -> list[ExtensionSpec]:
 
 
 # --- static record ---------------------------------------------------------------------------------------------
-_CPP_EXTENSION = "torch.utils.cpp_extension"
-_LOADERS = ("load_inline", "load")
-# Names through which a program can reach its module's namespace or call something we cannot see: their presence
-# sends it to the recording (a program that needs none of them is the common case).
-_OPAQUE_NAMES = frozenset({"exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
-                           "__import__", "__builtins__", "builtins", "importlib", "sys", "__dict__", "__class__",
-                           "__globals__", "__code__", "__getattribute__", "__setattr__"})
-
-
-_PLAIN_IMPORTS = frozenset({"torch", "math", "typing", "functools", "itertools", "collections", "dataclasses",
-                            "numbers", "enum", "abc", "__future__", "os", "numpy"})
+# The reading answers only for programs whose import runs nothing of their own before their builds: these imports,
+# literal assignments, plain functions and nn.Module classes, and the loader calls. Anything else is recorded.
+_LOADER = "torch.utils.cpp_extension.load_inline"
+_TORCH_MODULES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.utils", "torch.utils.cpp_extension"})
+_TORCH_FROM = frozenset({("torch.utils.cpp_extension", "load_inline"), ("torch.utils", "cpp_extension"),
+                         ("torch", "nn"), ("torch", "Tensor"), ("torch.nn", "functional"), ("torch.nn", "Module")})
+_STDLIB_PLAIN = frozenset({"math", "typing", "functools", "itertools", "collections", "dataclasses", "numbers",
+                           "abc", "os"})
 _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property"})
+# Names through which a program can reach its module's namespace, a frame or the loader unseen.
+_OPAQUE_NAMES = frozenset({"exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
+                           "__import__", "__builtins__", "builtins", "importlib", "sys", "inspect", "__dict__",
+                           "__class__", "__globals__", "__code__", "__getattribute__", "__setattr__", "f_globals",
+                           "f_locals", "f_back", "__subclasses__", "__mro__", "__bases__", "__base__"})
+# Attributes that lead to the loader: outside a call read as one, the program reaches it some other way.
+_LOADER_ATTRIBUTES = frozenset({"cpp_extension", "load_inline"})
+_MAX_DOTTED = 64
+
+
+def _dotted(node) -> str | None:
+    """"a.b.c" for a chain of attributes on a name (iteratively: a 500-deep chain must not recurse), else None."""
+    import ast
+    parts = []
+    while isinstance(node, ast.Attribute) and len(parts) < _MAX_DOTTED:
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
 
 
 def _no_call(node) -> bool:
@@ -553,201 +576,197 @@ def _no_call(node) -> bool:
                    for n in ast.walk(node))
 
 
-def _static_expr(node) -> bool:
-    """An expression _static_value could evaluate, judged by its shape alone."""
-    import ast
-    return all(isinstance(n, (ast.Constant, ast.Name, ast.List, ast.Tuple, ast.Dict, ast.BinOp, ast.Add, ast.Load,
-                              ast.UnaryOp, ast.USub, ast.UAdd))
-               for n in ast.walk(node))
+class _Reading:
+    """One program's static reading (static_record_specs). Every check returns False / raises _NotStatic to
+    decline."""
 
+    def __init__(self, tree):
+        self.tree = tree
+        self.modules: dict[str, str] = {}   # identifier -> what it names: "torch.nn", "torch.utils.cpp_extension...
+        self.env: dict = {}                 # module-level names bound to literal values, at the current statement
+        self.specs: list[ExtensionSpec] = []
+        self.loader_funcs: set[int] = set()
 
-def _plain_def(stmt) -> bool:
-    """A def whose creation runs nothing of the program's: plain decorators, static defaults, annotations
-    without calls."""
-    import ast
-    a = stmt.args
-    return all(isinstance(d, ast.Name) and d.id in _PLAIN_DECORATORS for d in stmt.decorator_list) and \
-        all(_static_expr(d) for d in [*a.defaults, *(d for d in a.kw_defaults if d is not None)]) and \
-        all(_no_call(n) for n in [*(x.annotation for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
-                                     if x is not None and x.annotation is not None),
-                                  *([stmt.returns] if stmt.returns is not None else [])])
+    def resolve(self, node) -> str | None:
+        """The torch path an expression names (`nn.Module` -> "torch.nn.Module"), or None."""
+        dotted = _dotted(node)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        if head not in self.modules:
+            return None
+        return self.modules[head] + ("." + rest if rest else "")
 
-
-def _plain_statement(stmt, loader_calls: set[int], in_class: bool = False) -> bool:
-    """A statement whose execution at import runs nothing of the program's own and nothing but our loader: imports
-    of common modules, static assignments, plain defs and classes, docstrings, the loader calls themselves."""
-    import ast
-    if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+    def plain_import(self, stmt) -> bool:
+        import ast
+        import importlib
+        import importlib.util
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.name in _TORCH_MODULES:
+                    name = alias.asname or alias.name.split(".")[0]
+                    target = alias.name if alias.asname else "torch"
+                    self.modules[name] = target
+                elif alias.name in _STDLIB_PLAIN or (alias.name == "numpy"
+                                                     and importlib.util.find_spec("numpy") is not None):
+                    pass
+                else:
+                    return False
+            return True
+        if stmt.level or not stmt.module:
+            return False
+        for alias in stmt.names:
+            if (stmt.module, alias.name) in _TORCH_FROM:
+                self.modules[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
+            elif stmt.module in _STDLIB_PLAIN and alias.name != "*" and \
+                    hasattr(importlib.import_module(stmt.module), alias.name):
+                pass
+            else:
+                return False                # unknown module, a name it lacks, `*`, __future__ (must come first)
         return True
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)) and not in_class:
-        if isinstance(stmt, ast.ImportFrom):
-            return not stmt.level and (stmt.module or "").split(".")[0] in _PLAIN_IMPORTS
-        return all(alias.name.split(".")[0] in _PLAIN_IMPORTS for alias in stmt.names)
-    if isinstance(stmt, (ast.Assign, ast.Expr)) and id(stmt.value) in loader_calls:
-        return not in_class
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-        return _static_expr(stmt.value)
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return _plain_def(stmt)
-    if isinstance(stmt, ast.ClassDef) and not in_class:
-        return not stmt.keywords and not stmt.decorator_list and \
-            all(isinstance(b, (ast.Name, ast.Attribute)) and _no_call(b) for b in stmt.bases) and \
-            all(_plain_statement(s, loader_calls, in_class=True) for s in stmt.body)
-    return False
+
+    def plain_def(self, stmt, in_class: bool) -> bool:
+        """A def whose creation runs nothing of the program's: plain decorators, literal defaults, annotations
+        without calls; in a class, no special method but __init__ (no __init_subclass__, __class_getitem__,
+        __set_name__, __new__ ... that Python would call at import)."""
+        import ast
+        a = stmt.args
+        if in_class and stmt.name.startswith("__") and stmt.name.endswith("__") and stmt.name != "__init__":
+            return False
+        if not all(isinstance(d, ast.Name) and d.id in _PLAIN_DECORATORS for d in stmt.decorator_list):
+            return False
+        for default in [*a.defaults, *(d for d in a.kw_defaults if d is not None)]:
+            _static_value(default, self.env)
+        annotations = [x.annotation for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                       if x is not None and x.annotation is not None] + ([stmt.returns] if stmt.returns else [])
+        return all(_no_call(n) for n in annotations)
+
+    def plain_class(self, stmt) -> bool:
+        """A class of nn.Module (or of nothing), no keywords, no decorators, a body of plain defs and literal
+        assignments: creating it runs no code of the program's."""
+        import ast
+        if stmt.keywords or stmt.decorator_list:
+            return False
+        if not all(self.resolve(b) == "torch.nn.Module" for b in stmt.bases):
+            return False
+        for s in stmt.body:
+            if isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)):
+                continue
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.plain_def(s, in_class=True):
+                continue
+            if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
+                    and not s.targets[0].id.startswith("__"):
+                _static_value(s.value, self.env)
+                continue
+            return False
+        return True
+
+    def loader_call(self, value) -> bool:
+        import ast
+        if not isinstance(value, ast.Call):
+            return False
+        func = value.func
+        if isinstance(func, ast.Name):
+            is_loader = self.modules.get(func.id) == _LOADER
+        else:
+            is_loader = self.resolve(func) == _LOADER
+        if not is_loader:
+            return False
+        if any(k.arg is None for k in value.keywords) or any(isinstance(a, ast.Starred) for a in value.args):
+            raise _NotStatic("*args or **kwargs")
+        args = [_static_value(a, self.env) for a in value.args]
+        kwargs = {k.arg: _static_value(k.value, self.env) for k in value.keywords}
+        self.specs.append(spec_from_load_inline(*args, **kwargs))
+        self.loader_funcs.add(id(func))
+        return True
+
+    def statement(self, stmt) -> bool:
+        import ast
+        if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            return True
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            return self.plain_import(stmt)
+        if isinstance(stmt, ast.Expr):
+            return self.loader_call(stmt.value)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+            if not self.loader_call(stmt.value):
+                self.env[name] = _static_value(stmt.value, self.env)     # raises if it is not a literal value
+            return True
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return stmt.name not in self.modules and self.plain_def(stmt, in_class=False)
+        if isinstance(stmt, ast.ClassDef):
+            return stmt.name not in self.modules and self.plain_class(stmt)
+        return False
+
+    def read(self) -> list[ExtensionSpec] | None:
+        import ast
+        if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in self.tree.body):
+            return None
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name) and node.id in _OPAQUE_NAMES:
+                return None
+            if isinstance(node, ast.Attribute) and node.attr in _OPAQUE_NAMES:
+                return None
+        for stmt in self.tree.body:
+            if not self.statement(stmt):
+                return None
+        if not self.specs:
+            return None
+        # The loader reached nowhere but in the calls read.
+        for node in ast.walk(self.tree):
+            if id(node) in self.loader_funcs:
+                continue
+            if isinstance(node, ast.Name) and self.modules.get(node.id, "").startswith("torch.utils"):
+                if not any(id(node) == id(_base_name(f)) for f in self._funcs()):
+                    return None
+            if isinstance(node, ast.Attribute) and node.attr in _LOADER_ATTRIBUTES and \
+                    not any(node is f or _within(node, f) for f in self._funcs()):
+                return None
+        return list({s.key(): s for s in self.specs}.values())
+
+    def _funcs(self):
+        import ast
+        return [n.func for n in ast.walk(self.tree) if isinstance(n, ast.Call) and id(n.func) in self.loader_funcs]
 
 
-def _binding_counts(tree) -> dict[str, int]:
-    """How many times each identifier is bound anywhere in the program (assignments, loop and with targets,
-    imports, definitions, parameters, except names, patterns, del; a `global` declaration counts twice)."""
+def _base_name(node):
     import ast
-    counts: dict[str, int] = {}
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
 
-    def bind(name, n: int = 1) -> None:
-        if name:
-            counts[name] = counts.get(name, 0) + n
 
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bind(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                bind(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bind(node.name)
-        elif isinstance(node, ast.arg):
-            bind(node.arg)
-        elif isinstance(node, ast.ExceptHandler):
-            bind(node.name)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            for name in node.names:
-                bind(name, 2)
-        elif type(node).__name__ in ("MatchAs", "MatchStar"):
-            bind(getattr(node, "name", None))
-        elif type(node).__name__ == "MatchMapping":
-            bind(getattr(node, "rest", None))
-    return counts
+def _within(node, chain) -> bool:
+    """node is one of the attribute links of the chain `chain` (a.b.c)."""
+    import ast
+    while isinstance(chain, ast.Attribute):
+        if chain is node:
+            return True
+        chain = chain.value
+    return False
 
 
 def static_record_specs(code: str) -> list[ExtensionSpec] | None:
     """The extensions a program builds, read from its source without running it, when that reading is complete:
     the specs the recording (cuda_eval.record) would give, in its order, or None when the program must be recorded.
 
-    Complete means: the program defines ModelNew; every use of torch.utils.cpp_extension.load_inline is a call that
-    is a module-level statement (`x = load_inline(...)` or a bare call), whose arguments are literals or names bound
-    exactly once in the whole program, at module level, to such values; the loader and its module are imported once
-    and never rebound, aliased or reached any other way; no `load` (sources on disk); nothing that can reach the
-    module's namespace or call what we cannot see (exec, getattr, globals, importlib, sys, ... : _OPAQUE_NAMES);
-    no star import. Anything else, a syntax error included, returns None (the recording tells, with its messages).
-    Why it is safe: a build the reading missed is still built when the program asks for it at run time
-    (install_prebuilt's run-time builder), and a program is only ever given modules built from its own sources.
-    Never raises."""
-    import ast
+    Complete means that importing the program runs nothing of its own before or between its builds, and that its
+    builds are plain to see: it compiles (ast and compile(), so every syntax error the interpreter reports is the
+    recording's to report); it defines ModelNew; every statement at module level is an import of torch (torch, nn,
+    functional, cpp_extension, load_inline) or of a few plain standard modules (names that exist), an assignment
+    of a literal value (constants, lists, tuples, dicts, `+`, names bound so before), a def with plain decorators,
+    literal defaults and call-free annotations, a class of nn.Module without keywords, decorators or special
+    methods but __init__ whose body is such defs and literal assignments, a docstring, or a call of torch's
+    load_inline with literal arguments; no import anywhere else; torch's names never rebound at module level; the
+    loader and cpp_extension reached nowhere but in those calls; nothing that can reach a namespace or a frame
+    (exec, getattr, globals, sys, inspect, __dict__, f_globals ... : _OPAQUE_NAMES). Anything else returns None.
+    A build the reading missed would still be built when the program asks for it at run time (install_prebuilt's
+    run-time builder), and a program only ever gets modules built from the specs it passes. Never raises."""
     try:
         tree = pysource.parse(code)
-        counts = _binding_counts(tree)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
-        return None
-    if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
-        return None
-    loader_names: dict[str, str] = {}     # identifier -> "load_inline" | "load"
-    module_names: set[str] = set()        # identifiers bound to torch.utils.cpp_extension
-    torch_bound = False                   # `import torch` (or torch.<sub>): torch.utils.cpp_extension.load_inline
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    return None
-                if node.module == _CPP_EXTENSION and alias.name in _LOADERS:
-                    loader_names[alias.asname or alias.name] = alias.name
-                elif node.module == "torch.utils" and alias.name == "cpp_extension":
-                    module_names.add(alias.asname or alias.name)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == _CPP_EXTENSION and alias.asname:
-                    module_names.add(alias.asname)
-                elif alias.name.split(".")[0] == "torch" and not alias.asname:
-                    torch_bound = True
-        elif isinstance(node, ast.Name) and node.id in _OPAQUE_NAMES:
-            return None
-        elif isinstance(node, ast.Attribute) and node.attr in _OPAQUE_NAMES:
-            return None
-    if any(counts.get(name, 0) != 1 for name in [*loader_names, *module_names]) or \
-            (torch_bound and counts.get("torch", 0) != 1):
-        return None
-
-    def is_loader(func) -> str | None:
-        """'load_inline' / 'load' if `func` is the torch loader, else None."""
-        if isinstance(func, ast.Name):
-            return loader_names.get(func.id)
-        if isinstance(func, ast.Attribute) and func.attr in _LOADERS:
-            base = func.value
-            if isinstance(base, ast.Name) and base.id in module_names:
-                return func.attr
-            if torch_bound and ast.unparse(base) == _CPP_EXTENSION:
-                return func.attr
-        return None
-
-    top_calls = {id(stmt.value) for stmt in tree.body
-                 if isinstance(stmt, (ast.Assign, ast.Expr)) and isinstance(stmt.value, ast.Call)
-                 and (isinstance(stmt, ast.Expr) or (len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)))}
-    loader_calls = []
-    call_funcs = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            kind = is_loader(node.func)
-            if kind is None:
-                continue
-            if kind != "load_inline" or id(node) not in top_calls:
-                return None
-            loader_calls.append(node)
-            call_funcs.add(id(node.func))
-    if not loader_calls:
-        return None
-    # Nothing of the program's own runs at import before (or between) its builds: no loop that hangs, no allocation,
-    # no file touched, no value changed behind the reading's back (those programs are recorded, as before).
-    if not all(_plain_statement(stmt, {id(c) for c in loader_calls}) for stmt in tree.body):
-        return None
-    for node in ast.walk(tree):
-        # the loader reached any way but a call we read (`f = load_inline`, `cpp_extension.load_inline` passed on)
-        if id(node) in call_funcs:
-            continue
-        if isinstance(node, ast.Name) and node.id in loader_names and isinstance(node.ctx, ast.Load):
-            return None
-        if isinstance(node, ast.Attribute) and node.attr in _LOADERS and is_loader(node) is not None:
-            return None
-
-    env: dict = {}
-    specs: list[ExtensionSpec] = []
-    try:
-        for stmt in tree.body:
-            value = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
-            if value is not None and id(value) in call_funcs | {id(c) for c in loader_calls}:
-                if any(k.arg is None for k in value.keywords) or any(isinstance(a, ast.Starred) for a in value.args):
-                    return None
-                args = [_static_value(a, env) for a in value.args]
-                kwargs = {k.arg: _static_value(k.value, env) for k in value.keywords}
-                specs.append(spec_from_load_inline(*args, **kwargs))
-                continue
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
-                    and counts.get(stmt.targets[0].id) == 1:
-                try:
-                    env[stmt.targets[0].id] = _static_value(stmt.value, env)
-                except _NotStatic:
-                    pass
-    except Exception:  # noqa: BLE001 - _NotStatic, or arguments load_inline itself would refuse: record it
-        return None
-    # A list or dict can change after its assignment (`flags.append(...)`, `f(flags)`, an alias): one that is used
-    # anywhere but as a loader argument, whole or as an element of a literal list, sends the program to recording.
-    mutable = {name for name, value in env.items() if isinstance(value, (list, dict))}
-    if mutable:
-        allowed: set[int] = set()
-        for call in loader_calls:
-            for arg in [*call.args, *(k.value for k in call.keywords)]:
-                allowed.add(id(arg))
-                if isinstance(arg, (ast.List, ast.Tuple)):
-                    allowed.update(id(e) for e in arg.elts)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and node.id in mutable and isinstance(node.ctx, ast.Load) \
-                    and id(node) not in allowed:
-                return None
-    return list({s.key(): s for s in specs}.values())
+        with pysource.lock():
+            compile(tree, "<candidate>", "exec", dont_inherit=True)
+        return _Reading(tree).read()
+    except Exception:  # noqa: BLE001 - a syntax error, _NotStatic, arguments load_inline itself would refuse,
+        return None    # a RecursionError on absurd nesting: the recording tells

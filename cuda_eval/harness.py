@@ -75,7 +75,7 @@ def exec_module(source: str, name: str, filename: str) -> types.ModuleType:
     module.__file__ = filename
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     sys.modules[name] = module
-    code = compile(source, filename, "exec")
+    code = compile(source, filename, "exec", dont_inherit=True)   # not this module's __future__ imports
     exec(code, module.__dict__)
     return module
 

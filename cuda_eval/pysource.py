@@ -8,6 +8,11 @@ _LOCK = threading.Lock()
 _ATTEMPTS = 3
 
 
+def lock() -> threading.Lock:
+    """The lock parse() holds: for compile() of a tree, which walks the same AST state."""
+    return _LOCK
+
+
 def parse(code: str, filename: str = "<unknown>") -> ast.Module:
     """ast.parse under one process-wide lock. CPython 3.11's AST constructor keeps a recursion depth that parses
     running at the same time corrupt ("SystemError: AST constructor recursion depth mismatch", python/cpython#106905):

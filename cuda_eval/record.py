@@ -63,7 +63,7 @@ def _exec_module(name: str, source: str, filename: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = filename
     sys.modules[name] = module  # dataclasses, pickling and typing look the module up by name
-    exec(compile(source, filename, "exec"), module.__dict__)
+    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # not our __future__ imports
     return module
 
 
@@ -84,7 +84,7 @@ def record(workdir: str) -> dict:
     t0 = time.monotonic()
     try:
         tree = ast.parse(candidate_source, cand_filename)
-        compile(tree, cand_filename, "exec")
+        compile(tree, cand_filename, "exec", dont_inherit=True)
     except SyntaxError as e:
         result.update(error_kind="syntax", error=syntax_error_message(e), done=True)
         phase("parse", t0, result["error"])

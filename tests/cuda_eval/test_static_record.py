@@ -62,7 +62,7 @@ def test_a_plain_program_is_read_as_load_inline_would_see_it():
 # else at import than the source shows (or builds more than the calls it shows). Without the check named, the
 # reading would answer with specs that differ from the recording's.
 DECLINED = {
-    # a second binding of an argument name (binding counts)
+    # a second binding of an argument name
     "augmented_assignment": program('FLAGS = ["-O3"]\nFLAGS += ["-DEVIL"]\n', CALL, MODEL),
     "rebinding_in_a_function": program('FLAGS = ["-O3"]\n', '''
         class Base(nn.Module):
@@ -72,7 +72,7 @@ DECLINED = {
         class Mid(Base):
             pass
     ''', CALL, MODEL),
-    # a list changed in place by code that runs at import before the call (mutable arguments)
+    # a list changed in place by code that runs at import before the call (a class hook)
     "list_mutated_by_a_class_hook": program('FLAGS = ["-O3"]\n', '''
         class Base(nn.Module):
             def __init_subclass__(cls, **kw):
@@ -114,11 +114,20 @@ DECLINED = {
         class ModelNew(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.more = getattr(torch.utils.cpp_extension, "load_" + "inline")(
-                    name="more", cpp_sources=CPP, cuda_sources=SRC, functions=["f"])
+                loader = getattr(getattr(getattr(torch, "utils"), "cpp_" + "extension"), "load_" + "inline")
+                self.more = loader(name="more", cpp_sources=CPP, cuda_sources=SRC, functions=["f"])
             def forward(self, x):
                 return ext.f(x)
     '''),
+    # code of the program's own that Python runs at import: a special method reached through an annotation
+    "class_getitem_hook_in_an_annotation": program('FLAGS = ["-O3"]\n', '''
+        class Hook(nn.Module):
+            def __class_getitem__(cls, item):
+                FLAGS.append("-DEVIL")
+                return cls
+        def g(x: Hook[0]):
+            return x
+    ''', CALL, MODEL),
     # a loader of the program's own under torch's name (the loader's binding)
     "shadowed_loader": program('''
         FLAGS = ["-O3"]
@@ -128,6 +137,13 @@ DECLINED = {
         def load_inline(**kwargs):
             return Identity()
     ''', CALL, MODEL),
+    "loader_shadowed_by_a_class": program('''
+        FLAGS = ["-O3"]
+        class load_inline(nn.Module):
+            def __init__(self, **kwargs):
+                super().__init__()
+    ''', CALL, MODEL),
+    "loader_rebound_by_assignment": program('FLAGS = ["-O3"]\nload_inline = "not the loader any more"\n', CALL, MODEL),
     # a call under a condition, not a statement of the module
     "conditional_call": program('FLAGS = ["-O3"]\nif torch.cuda.is_available():\n    ' + CALL, MODEL),
     # things only the recording can judge
@@ -142,6 +158,23 @@ DECLINED = {
 @pytest.mark.parametrize("name", sorted(DECLINED))
 def test_the_reading_declines_what_it_cannot_vouch_for(name):
     assert static_record_specs(DECLINED[name]) is None
+
+
+RED_TEAM = REPO / "tests" / "cuda_eval" / "data" / "static_record_declined"
+
+
+@pytest.mark.parametrize("path", sorted(RED_TEAM.glob("*.py")), ids=lambda p: p.stem)
+def test_programs_an_adversary_wrote_against_the_reading_are_declined(path):
+    """Programs written, with this module's source at hand, so that an earlier reading answered and the recording
+    disagreed (docs/LOG.md, "static record"): a statement that raises before the call (`1 + "a"`, an undefined
+    name, `class A(bool)`, a missing name of an allowed module, a builtin as a class hook), errors only compile()
+    reports (`break` outside a loop, a repeated parameter or keyword, a late __future__ import), the loader imported
+    after the call or only in a function, torch reached under another name inside a method (`import torch as T`,
+    `from torch import utils`, `t = torch`), code run at class creation (__init_subclass__, an Enum's __init__, a
+    __class_getitem__ reached through an annotation) that adds a build, mutates a list through the module object,
+    rebinds a global through a frame, monkeypatches the loader or exits, `tuple + list`, and a 500-link attribute
+    chain that made the reading itself raise."""
+    assert static_record_specs(path.read_text()) is None
 
 
 def _record_in_subprocess(programs: list[tuple[str, str]], tmp_path) -> list[list[str]]:
