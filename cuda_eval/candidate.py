@@ -16,6 +16,7 @@ one that defines `class ModelNew` wins.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import importlib.util
@@ -478,7 +479,6 @@ class _NotStatic(Exception):
 def _static_value(node, env: dict):
     """The value of a literal-ish expression: constants, names bound to such values, lists/tuples/dicts of them,
     + of strings/lists, and implicit string concatenation. Anything else raises _NotStatic."""
-    import ast
     if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
         return node.value
     if isinstance(node, ast.Name):
@@ -506,7 +506,6 @@ def speculate_specs(code: str) -> list[ExtensionSpec]:
     """The extensions a program will most likely build, read statically (without running it): module-level
     `x = load_inline(...)` calls whose arguments are literals or module-level constants. Used to start building
     while the program is still being recorded; the recorded specs remain the truth. Never raises; [] if unsure."""
-    import ast
     try:
         tree = pysource.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
@@ -560,7 +559,6 @@ _MAX_DOTTED = 64
 
 def _dotted(node) -> str | None:
     """"a.b.c" for a chain of attributes on a name (iteratively: a 500-deep chain must not recurse), else None."""
-    import ast
     parts = []
     while isinstance(node, ast.Attribute) and len(parts) < _MAX_DOTTED:
         parts.append(node.attr)
@@ -571,7 +569,6 @@ def _dotted(node) -> str | None:
 
 
 def _no_call(node) -> bool:
-    import ast
     return not any(isinstance(n, (ast.Call, ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom))
                    for n in ast.walk(node))
 
@@ -585,7 +582,7 @@ class _Reading:
         self.modules: dict[str, str] = {}   # identifier -> what it names: "torch.nn", "torch.utils.cpp_extension...
         self.env: dict = {}                 # module-level names bound to literal values, at the current statement
         self.specs: list[ExtensionSpec] = []
-        self.loader_funcs: set[int] = set()
+        self.loader_funcs: list = []         # the func node of every loader call read
 
     def resolve(self, node) -> str | None:
         """The torch path an expression names (`nn.Module` -> "torch.nn.Module"), or None."""
@@ -598,7 +595,6 @@ class _Reading:
         return self.modules[head] + ("." + rest if rest else "")
 
     def plain_import(self, stmt) -> bool:
-        import ast
         import importlib
         import importlib.util
         if isinstance(stmt, ast.Import):
@@ -629,7 +625,6 @@ class _Reading:
         """A def whose creation runs nothing of the program's: plain decorators, literal defaults, annotations
         without calls; in a class, no special method but __init__ (no __init_subclass__, __class_getitem__,
         __set_name__, __new__ ... that Python would call at import)."""
-        import ast
         a = stmt.args
         if in_class and stmt.name.startswith("__") and stmt.name.endswith("__") and stmt.name != "__init__":
             return False
@@ -644,7 +639,6 @@ class _Reading:
     def plain_class(self, stmt) -> bool:
         """A class of nn.Module (or of nothing), no keywords, no decorators, a body of plain defs and literal
         assignments: creating it runs no code of the program's."""
-        import ast
         if stmt.keywords or stmt.decorator_list:
             return False
         if not all(self.resolve(b) == "torch.nn.Module" for b in stmt.bases):
@@ -662,7 +656,6 @@ class _Reading:
         return True
 
     def loader_call(self, value) -> bool:
-        import ast
         if not isinstance(value, ast.Call):
             return False
         func = value.func
@@ -677,11 +670,10 @@ class _Reading:
         args = [_static_value(a, self.env) for a in value.args]
         kwargs = {k.arg: _static_value(k.value, self.env) for k in value.keywords}
         self.specs.append(spec_from_load_inline(*args, **kwargs))
-        self.loader_funcs.add(id(func))
+        self.loader_funcs.append(func)
         return True
 
     def statement(self, stmt) -> bool:
-        import ast
         if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
             return True
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
@@ -700,7 +692,6 @@ class _Reading:
         return False
 
     def read(self) -> list[ExtensionSpec] | None:
-        import ast
         if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in self.tree.body):
             return None
         for node in ast.walk(self.tree):
@@ -714,37 +705,30 @@ class _Reading:
         if not self.specs:
             return None
         # The loader reached nowhere but in the calls read.
+        in_calls = {id(f) for f in self.loader_funcs} | {id(_base_name(f)) for f in self.loader_funcs}
+        for f in self.loader_funcs:
+            in_calls.update(id(link) for link in _links(f))
         for node in ast.walk(self.tree):
-            if id(node) in self.loader_funcs:
+            if id(node) in in_calls:
                 continue
             if isinstance(node, ast.Name) and self.modules.get(node.id, "").startswith("torch.utils"):
-                if not any(id(node) == id(_base_name(f)) for f in self._funcs()):
-                    return None
-            if isinstance(node, ast.Attribute) and node.attr in _LOADER_ATTRIBUTES and \
-                    not any(node is f or _within(node, f) for f in self._funcs()):
+                return None
+            if isinstance(node, ast.Attribute) and node.attr in _LOADER_ATTRIBUTES:
                 return None
         return list({s.key(): s for s in self.specs}.values())
 
-    def _funcs(self):
-        import ast
-        return [n.func for n in ast.walk(self.tree) if isinstance(n, ast.Call) and id(n.func) in self.loader_funcs]
-
 
 def _base_name(node):
-    import ast
     while isinstance(node, ast.Attribute):
         node = node.value
     return node
 
 
-def _within(node, chain) -> bool:
-    """node is one of the attribute links of the chain `chain` (a.b.c)."""
-    import ast
+def _links(chain):
+    """The attribute nodes of a chain a.b.c."""
     while isinstance(chain, ast.Attribute):
-        if chain is node:
-            return True
+        yield chain
         chain = chain.value
-    return False
 
 
 def static_record_specs(code: str) -> list[ExtensionSpec] | None:
