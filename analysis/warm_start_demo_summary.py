@@ -14,7 +14,10 @@ correct kernels, the share of correct kernels at >= 1.0x and >= 1.5x (fast_1, fa
 slopes with standard errors; and the speed criterion written before the speed demo (docs/LOG.md, "speed variants"):
 per run, the mean of the last 3 steps against step 1, mean speedup of correct kernels up by >= 0.15, fast_1 up by
 >= 0.15, and the all-kernel correct fraction down by no more than 0.05. PNG curves of the mean speedup and of fast_1
-(all kernels, and per turn).
+(all kernels, and per turn). Last, the pace of each run on equal terms (gain per step over the steps every run
+has, gain per minute of RL wall time from TensorBoard's time/step over the minutes every run has, and where each ends
+up), with the same curves against wall minutes (speed_minutes.png): multi-turn against single-turn at the same kernels
+per step.
 
     python analysis/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
@@ -207,6 +210,92 @@ def run_stats(workdir: Path, thresholds: dict[str, float] | None = None) -> list
     return [{**step_stats(p, thresholds), "step": step} for step, p in step_files(workdir)]
 
 
+def step_minutes(workdir: Path) -> dict[int, float]:
+    """Wall minutes of RL at the end of each step: the running sum of the trainer's `time/step` scalar (TensorBoard
+    files under <workdir>/tensorboard); {} where there are none. A resumed step's later value replaces the earlier."""
+    if not (workdir / "tensorboard").is_dir():
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(workdir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    if "time/step" not in acc.Tags().get("scalars", []):
+        return {}
+    seconds = {e.step: e.value for e in acc.Scalars("time/step")}
+    out, total = {}, 0.0
+    for step in sorted(seconds):
+        total += seconds[step]
+        out[step] = total / 60
+    return out
+
+
+def pace(runs: dict[str, list[dict]], minutes: dict[str, dict[int, float]]) -> dict:
+    """How fast each run raises speed, on equal terms: the gain of the mean speedup and of the fast share from step 1
+    per step over the steps that every run has, and per minute of RL wall time over the minutes that every run has
+    (to the last step finished within them); the RL minutes until it first stood SPEED_MARGINS above step 1 (the
+    speed criterion's bar; None if never); and the level of the last CRITERION_LAST_STEPS steps (where a run
+    ends up, not how fast). Runs at the same kernels per step differ in minutes per step (a multi-turn step waits
+    for each turn's feedback), so the two rates can rank them differently."""
+    common_steps = min(len(steps) for steps in runs.values())
+    timed = all(minutes.get(name) for name in runs)
+    common_minutes = min(max(minutes[name].values()) for name in runs) if timed else None
+    out = {"common_steps": common_steps, "common_minutes": common_minutes, "runs": {}}
+    for name, steps in runs.items():
+        at = minutes.get(name) or {}
+        within = [i for i, s in enumerate(steps) if timed and at.get(s["step"], float("inf")) <= common_minutes]
+        row = {"steps": len(steps), "minutes": max(at.values()) if at else None,
+               "minutes_per_step": max(at.values()) / len(at) if at else None}
+        for key in ("mean_speedup", "fast_share"):
+            values = speed_series(steps, key)
+            start, end = values[0], values[common_steps - 1]
+            row[f"{key}/per_step"] = (None if start is None or end is None or common_steps < 2
+                                      else (end - start) / (common_steps - 1))
+            last = within[-1] if within else None
+            row[f"{key}/per_minute"] = (None if last in (None, 0) or start is None or values[last] is None
+                                        else (values[last] - start) / at[steps[last]["step"]])
+            reached = [s["step"] for s, v in zip(steps, values)
+                       if start is not None and v is not None and v - start >= SPEED_MARGINS[key]]
+            row[f"{key}/minutes_to_margin"] = at.get(reached[0]) if reached else None
+            tail = [v for v in values[-CRITERION_LAST_STEPS:] if v is not None]
+            row[f"{key}/last_{CRITERION_LAST_STEPS}"] = sum(tail) / len(tail) if tail else None
+        out["runs"][name] = row
+    return out
+
+
+def print_pace(p: dict) -> None:
+    minutes = "-" if p["common_minutes"] is None else f"{p['common_minutes']:.1f}"
+    parts = (("per_step", "+.3f"), ("per_minute", "+.4f"), ("minutes_to_margin", ".1f"),
+             (f"last_{CRITERION_LAST_STEPS}", ".3f"))
+    print(f"\n| run | steps | RL minutes | minutes per step | mean speedup: gain per step (steps 1-{p['common_steps']}) | "
+          f"per minute (first {minutes} min) | minutes to +{SPEED_MARGINS['mean_speedup']} | last "
+          f"{CRITERION_LAST_STEPS} steps | fast share: gain per step | per minute | minutes to "
+          f"+{SPEED_MARGINS['fast_share']} | last {CRITERION_LAST_STEPS} steps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in p["runs"].items():
+        cells = [_fmt(r[f"{key}/{part}"], f) for key in ("mean_speedup", "fast_share") for part, f in parts]
+        print(f"| {name} | {r['steps']} | {_fmt(r['minutes'], '.1f')} | {_fmt(r['minutes_per_step'], '.2f')} | "
+              + " | ".join(cells) + " |")
+
+
+def plot_speed_minutes(runs: dict[str, list[dict]], minutes: dict[str, dict[int, float]], out: Path, plt) -> None:
+    """speed_minutes.png: the mean speedup of correct kernels and the fast share against RL wall minutes."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "mean_speedup", "mean speedup of correct kernels"),
+                           (axes[1], "fast_share", "fast share of correct kernels")):
+        for name, steps in runs.items():
+            at = minutes.get(name) or {}
+            points = [(at[s["step"]], v) for s, v in zip(steps, speed_series(steps, key))
+                      if s["step"] in at and v is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=name)
+        ax.set_xlabel("RL wall minutes (end of step)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "speed_minutes.png", dpi=120)
+    plt.close(fig)
+
+
 def write_samples(workdir: Path, out: Path, per_step: int = 3, chars: int = 2500) -> None:
     """The first responses of the first and the last step, cut to `chars`: what the policy actually wrote."""
     files = [p for _, p in step_files(workdir)]
@@ -365,6 +454,9 @@ def main() -> None:
                                ((m[k], f) for k, f in columns))
             print(f"| {name} | {turn} | {cells} |")
     speed = print_speed(runs)
+    minutes = {w.name: step_minutes(w) for w in args.workdirs}
+    speed["pace"] = pace(runs, minutes)
+    print_pace(speed["pace"])
     (args.out / "summary.json").write_text(json.dumps({"steps": runs, "criterion": criteria, "noise": noise,
                                                        "per_turn": turns, **speed}, indent=1) + "\n")
     for w in args.workdirs:
@@ -388,7 +480,8 @@ def main() -> None:
         fig.savefig(args.out / f"{key}.png", dpi=120)
         plt.close(fig)
     plot_speed(runs, args.out, plt)
-    print(f"wrote {args.out}/summary.json, score_mean.png, correct_fraction.png, speed.png")
+    plot_speed_minutes(runs, minutes, args.out, plt)
+    print(f"wrote {args.out}/summary.json, score_mean.png, correct_fraction.png, speed.png, speed_minutes.png")
 
 
 if __name__ == "__main__":

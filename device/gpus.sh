@@ -8,7 +8,7 @@
 # Never `pkill -f` a job's command line: the plan runner's own command line holds every plan line, so it would die too.
 # JOBS defaults to $BG/jobs, so that background.sh packs the jobs' outputs with everything else.
 set -u
-JOBS=${JOBS:-${BG:-/tmp/kevin_bg}/jobs}
+export JOBS=${JOBS:-${BG:-/tmp/kevin_bg}/jobs}     # exported: a job can wait for another's $JOBS/NAME.rc
 mkdir -p "$JOBS"
 case "${1:-}" in
   start)

@@ -184,3 +184,49 @@ def test_the_fast_variant_share_uses_the_measured_pairs(tmp_path):
     assert crit["fast_share_is"] == "fast_variant" and crit["passed"]
     assert crit["fast_share"]["delta"] == pytest.approx((0.4 + 0.5 + 0.5) / 3 - 0.1)
     assert "| faster | 5 | fast-variant share | 0.100 | 0.467 | +0.367 |" in proc.stdout
+
+
+def test_pace_per_step_and_per_minute(tmp_path):
+    """Multi-turn against single-turn on equal terms: a run that rises over more steps but takes 3 minutes a step
+    ("steady") against one that jumps in a minute a step and stays ("plateau"); minutes come from TensorBoard's
+    time/step, gains over the 5 steps and the 10 minutes both runs have; a run without TensorBoard files gets no
+    minutes and no per-minute numbers."""
+    from kevin_jax.logs import MetricWriter
+
+    for name, fast, seconds in (("steady", [2, 4, 8, 10, 10], 180.0), ("plateau", [2, 8] + [8] * 8, 60.0)):
+        _write_speed_run(tmp_path / name, fast)
+        writer = MetricWriter(tmp_path / name)
+        for step in range(1, len(fast) + 1):
+            writer.write(step, {"time/step": seconds})
+        writer.close()
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "analysis/warm_start_demo_summary.py", str(tmp_path / "steady"),
+                           str(tmp_path / "plateau"), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pace = json.loads((out / "summary.json").read_text())["pace"]
+    assert pace["common_steps"] == 5 and pace["common_minutes"] == pytest.approx(10.0)
+    steady, plateau = pace["runs"]["steady"], pace["runs"]["plateau"]
+    assert steady["minutes"] == pytest.approx(15.0) and plateau["minutes_per_step"] == pytest.approx(1.0)
+    # fast share = fast_1 = f / 20 (no measured pairs); steady reaches 0.4 at step 3 (9 min), plateau at step 2
+    assert steady["fast_share/per_step"] == pytest.approx((0.5 - 0.1) / 4)
+    assert plateau["fast_share/per_step"] == pytest.approx((0.4 - 0.1) / 4)
+    assert steady["fast_share/per_minute"] == pytest.approx((0.4 - 0.1) / 9)
+    assert plateau["fast_share/per_minute"] == pytest.approx((0.4 - 0.1) / 10)
+    assert steady["fast_share/minutes_to_margin"] == pytest.approx(9.0)
+    assert plateau["fast_share/minutes_to_margin"] == pytest.approx(2.0)
+    # mean speedup 0.4 + 1.2 f / 20: +0.15 needs f >= 4.5
+    assert steady["mean_speedup/minutes_to_margin"] == pytest.approx(9.0)
+    assert steady["fast_share/last_3"] == pytest.approx(28 / 60) and plateau["fast_share/last_3"] == pytest.approx(0.4)
+    assert "| steady | 5 | 15.0 | 3.00 |" in proc.stdout
+    assert (out / "speed_minutes.png").exists()
+
+    _write_speed_run(tmp_path / "untimed", [2, 4, 8, 10, 10])
+    proc = subprocess.run([sys.executable, "analysis/warm_start_demo_summary.py", str(tmp_path / "steady"),
+                           str(tmp_path / "untimed"), "--out", str(tmp_path / "out2")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pace = json.loads((tmp_path / "out2" / "summary.json").read_text())["pace"]
+    assert pace["common_minutes"] is None and pace["runs"]["untimed"]["minutes"] is None
+    assert pace["runs"]["steady"]["fast_share/per_minute"] is None
+    assert pace["runs"]["untimed"]["fast_share/per_step"] == pytest.approx(0.1)
