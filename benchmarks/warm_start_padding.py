@@ -1,8 +1,9 @@
 """Share of padding in a config's warm-start batches, host side only (no model, no GPU): the batches as kevin_jax.sft
 draws them (seeded, warm_start.batch_size examples), laid out as the update lays them out (rl.micro_batches), against
-the same examples sorted by length into micro-batches with their own row lengths.
+the same examples sorted by length into micro-batches with their own row lengths, and against length-bucketed batches
+(warm_start.length_buckets, kevin_jax.sft.batch_order) laid out as the update lays them out.
 
-    python benchmarks/warm_start_padding.py --config configs/one_gpu.py --batches 200
+    python benchmarks/warm_start_padding.py --config configs/one_gpu.py --batches 400 --length-buckets 8
 
 Prints the examples' length percentiles, the mean padding share of each layout and the micro-batch shapes the sorted
 layout would compile.
@@ -25,6 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=str(REPO / "configs" / "one_gpu.py"))
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length-buckets", type=int, default=8, help="K of the length-bucketed layout's row")
     args = p.parse_args(argv)
 
     from kevin_jax import policy_init, sft
@@ -45,18 +47,27 @@ def main(argv=None) -> int:
     lengths = np.array([len(s) for s in samples])
     per_step = min(len(samples), spec.warm_start.batch_size)
     rng = np.random.default_rng(args.seed)
-    now, by_length, shapes = [], [], set()
+    now, by_length, shapes, random_padded = [], [], set(), 0
     for _ in range(args.batches):
         chosen = [samples[j] for j in sorted(rng.choice(len(samples), per_step, replace=False))]
         real = sum(len(s) for s in chosen)
         _, layout = rl_batch.micro_batches(chosen, spec.rl, 1)
         now.append(1 - real / layout.padded_tokens)
+        random_padded += layout.padded_tokens
         ordered, padded = sorted(chosen, key=len), 0
         for k in range(0, len(ordered), layout.rows_per_micro):
             _, part = rl_batch.micro_batches(ordered[k:k + layout.rows_per_micro], spec.rl, 1)
             padded += part.padded_tokens
             shapes.add((part.rows_per_micro, part.row_len))
         by_length.append(1 - real / padded)
+    bucketed, bucket_padded, bucket_shapes = [], 0, set()
+    for batch in sft.batch_order(lengths.tolist(), spec.warm_start.batch_size, args.batches, args.seed,
+                                 args.length_buckets):
+        chosen = [samples[j] for j in batch]
+        _, layout = rl_batch.micro_batches(chosen, spec.rl, 1)
+        bucketed.append(1 - sum(len(s) for s in chosen) / layout.padded_tokens)
+        bucket_padded += layout.padded_tokens
+        bucket_shapes.add((layout.rows_per_micro, layout.row_len))
     p10, p50, p90 = np.percentile(lengths, [10, 50, 90]).astype(int)
     print(f"{Path(args.config).name}: {len(samples)} warm-start examples, tokens p10/p50/p90/max "
           f"{p10}/{p50}/{p90}/{lengths.max()}; {per_step} per batch, rl.pack={spec.rl.pack}, "
@@ -65,6 +76,10 @@ def main(argv=None) -> int:
     print("|---|---|---|")
     print(f"| as the update lays it out | {np.mean(now):.2f} | one per batch |")
     print(f"| sorted by length, own row lengths | {np.mean(by_length):.2f} | {sorted(shapes)} |")
+    print(f"| length-bucketed batches (warm_start.length_buckets={args.length_buckets}) | {np.mean(bucketed):.2f} | "
+          f"{sorted(bucket_shapes)} |")
+    print(f"\npadded tokens processed, length-bucketed / random batches: {bucket_padded / random_padded:.2f} "
+          f"(the warm start's GPU time moves with these)")
     return 0
 
 

@@ -268,10 +268,34 @@ def optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate_schedule(learning_rate, steps)))
 
 
+def batch_order(lengths: Sequence[int], batch_size: int, steps: int, seed: int,
+                length_buckets: int = 0) -> list[list[int]]:
+    """The example indices of each of `steps` batches, seeded.
+
+    length_buckets=0: each step an independent random choice of `batch_size` examples.
+    length_buckets=K > 0: epochs of the shuffled examples; each run of K x batch_size of them is sorted by length and
+    cut into batches (an incomplete batch is dropped: its examples come in the next epoch's order), and an epoch's
+    batches are shuffled. Examples of similar length share a batch, so the rows of a micro-batch, right-padded to the
+    next power of two of its longest, carry less padding (docs/LOG.md, "length-bucketed warm-start batches")."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5F7]))
+    n, per_step = len(lengths), min(len(lengths), batch_size)
+    if length_buckets <= 0 or n < per_step * 2:
+        return [sorted(rng.choice(n, per_step, replace=False).tolist()) for _ in range(steps)]
+    order: list[list[int]] = []
+    while len(order) < steps:
+        perm, epoch = rng.permutation(n), []
+        for start in range(0, n, per_step * length_buckets):
+            run = sorted(perm[start:start + per_step * length_buckets].tolist(), key=lambda j: (lengths[j], j))
+            epoch += [sorted(run[k:k + per_step]) for k in range(0, len(run) - per_step + 1, per_step)]
+        order += [epoch[i] for i in rng.permutation(len(epoch))]
+    return order[:steps]
+
+
 def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RLConfig, *, steps: int,
-              learning_rate: float, batch_size: int, seed: int, log_prefix: str = "sft") -> tuple[Any, dict]:
-    """Adam on the mean response NLL; every step uses a seeded random batch of `batch_size` samples, packed into
-    micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated by the RL
+              learning_rate: float, batch_size: int, seed: int, length_buckets: int = 0,
+              log_prefix: str = "sft") -> tuple[Any, dict]:
+    """Adam on the mean response NLL; every step uses a seeded batch of `batch_size` samples (batch_order: random, or
+    length-bucketed with `length_buckets`), packed into micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated by the RL
     update's Updater (kevin_jax.rl.state) with this loss.
     Each log line also gives the seconds per step since the previous line, real tokens per second, the share of
     padded tokens, the share of wall time spent on the host building batches, and MFU (model FLOPs of the real
@@ -286,17 +310,16 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
                       loss=_nll_loss(graphdef, mesh, rl), donate_state=False)
     state = init_state(params, tx)
     divisor = mesh.shape["data"] * mesh.shape["fsdp"]
-    per_step = min(len(samples), batch_size)
+    batches = batch_order([len(s) for s in samples], batch_size, steps, seed, length_buckets)
     flops = logs.FlopModel.of(nnx.merge(graphdef, params).config)
     peak = logs.peak_flops(jax.devices()[0].device_kind)
 
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5F7]))
     first = last = float("nan")
     speed: dict[str, float] = {}
     since, steps_since, real, padded, host_s, model_flops = time.perf_counter(), 0, 0, 0, 0.0, 0.0
     for i in range(steps):
         t_host = time.perf_counter()
-        chosen = [samples[j] for j in sorted(rng.choice(len(samples), per_step, replace=False))]
+        chosen = [samples[j] for j in batches[i]]
         mbs, layout = rl_batch.micro_batches(chosen, rl, divisor)
         device_mbs = [updater.device_batch(mb) for mb in mbs]
         host_s += time.perf_counter() - t_host
@@ -334,6 +357,8 @@ class WarmStartConfig:
     steps: Adam steps on the examples (0 = no warm start).
     learning_rate: Adam learning rate.
     batch_size: examples per step (a seeded random choice each step).
+    length_buckets: 0 = each batch a random choice; K > 0 = epochs in which each run of K x batch_size shuffled
+      examples is sorted by length and cut into batches (less padding per batch; sft.batch_order).
     corpus: "" = the built-in correct solutions, first turn only; "builtin" = the shipped warm-start corpus
       (kevin_jax/data/warm_start_corpus.jsonl: correct, wrong and non-compiling answers, refinement turns); or the
       path of a JSONL file in any form this module reads.
@@ -345,13 +370,15 @@ class WarmStartConfig:
     steps: int = 0
     learning_rate: float = 1e-3
     batch_size: int = 8
+    length_buckets: int = 0
     corpus: str = ""
     solution_tasks: str = ""
     answer_every_prompt: bool = False
 
     def __post_init__(self):
-        if self.steps < 0 or self.learning_rate <= 0 or self.batch_size <= 0:
-            raise ValueError("warm_start.steps must be >= 0, warm_start.learning_rate and batch_size positive")
+        if self.steps < 0 or self.learning_rate <= 0 or self.batch_size <= 0 or self.length_buckets < 0:
+            raise ValueError("warm_start.steps and length_buckets must be >= 0, warm_start.learning_rate and "
+                             "batch_size positive")
         if self.corpus and self.answer_every_prompt:
             raise ValueError("warm_start.answer_every_prompt applies to the built-in solutions only (corpus=\"\"); "
                              f"got corpus={self.corpus!r}")
@@ -416,4 +443,5 @@ def warm_start(graphdef, params, config: WarmStartConfig, samples: Sequence[rl_b
     """Adam on the mean answer NLL (fine_tune); scalars warm_start/{first,last}_nll, examples and the speed
     report."""
     return fine_tune(graphdef, params, samples, mesh, rl, steps=config.steps, learning_rate=config.learning_rate,
-                     batch_size=config.batch_size, seed=seed, log_prefix="warm_start")
+                     batch_size=config.batch_size, seed=seed, length_buckets=config.length_buckets,
+                     log_prefix="warm_start")

@@ -358,6 +358,36 @@ def test_loss_promises_right_padded_rows_unless_packed(tiny, tokenizer, monkeypa
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)      # same samples, same loss either way
 
 
+def test_batch_order_random_and_length_bucketed():
+    """length_buckets=0 keeps the warm start's seeded random batches (the same draws as before the option, so earlier
+    runs reproduce); K > 0 gives full batches of similar length, each example at most once per epoch, every example
+    within the first two epochs, seeded, and much less padding once laid out as the update lays it out."""
+    rng = np.random.default_rng(7)
+    # the shape of configs/one_gpu.py's warm-start lengths (p10/p50/p90 ~1700/2550/4150 tokens)
+    lengths = np.clip(rng.lognormal(np.log(2550), 0.35, size=397), 600, 7800).astype(int).tolist()
+    old = np.random.default_rng(np.random.SeedSequence([3, 0x5F7]))
+    assert sft.batch_order(lengths, 8, 20, seed=3) == [sorted(old.choice(397, 8, replace=False).tolist())
+                                                        for _ in range(20)]
+    order = sft.batch_order(lengths, 8, 120, seed=3, length_buckets=8)
+    assert order == sft.batch_order(lengths, 8, 120, seed=3, length_buckets=8)
+    assert order != sft.batch_order(lengths, 8, 120, seed=4, length_buckets=8)
+    assert len(order) == 120 and all(len(b) == 8 for b in order)
+    per_epoch = 397 // 64 * 8 + (397 % 64) // 8          # runs of 64 cut into 8s; the 13 left give one batch
+    first = [j for b in order[:per_epoch] for j in b]
+    assert len(first) == len(set(first))                 # an epoch draws each example at most once
+    assert set(first) | {j for b in order[per_epoch:2 * per_epoch] for j in b} == set(range(397))
+
+    def padded(batches):
+        return sum(rl_batch.plan_layout([lengths[j] for j in b], RLConfig(pack=False, micro_batch_tokens=32768))[0]
+                   .padded_tokens for b in batches)
+    spread = np.mean([max(lengths[j] for j in b) - min(lengths[j] for j in b) for b in order])
+    assert spread < 0.25 * np.mean([max(lengths[j] for j in b) - min(lengths[j] for j in b)
+                                    for b in sft.batch_order(lengths, 8, 120, seed=3)])
+    assert padded(order) < 0.8 * padded(sft.batch_order(lengths, 8, 120, seed=3))
+    with pytest.raises(ValueError, match="length_buckets"):
+        WarmStartConfig(length_buckets=-1)
+
+
 def test_loss_falls_in_a_few_steps_on_a_tiny_model(tiny, tokenizer):
     graphdef, params, mesh = tiny
     _, stats = sft.fine_tune(graphdef, params, _samples(tokenizer), mesh, RL, steps=12, learning_rate=1e-2,
