@@ -74,8 +74,10 @@ def main(argv=None) -> int:
           f"rl.row_len={spec.rl.row_len or 'auto (next power of two)'}; {args.batches} batches\n")
     print("| layout | padding share of tokens | micro-batch shapes (rows, row length) |")
     print("|---|---|---|")
-    print(f"| as the update lays it out | {np.mean(now):.2f} | one per batch |")
-    print(f"| sorted by length, own row lengths | {np.mean(by_length):.2f} | {sorted(shapes)} |")
+    print(f"| random batches (warm_start.length_buckets=0), as the update lays them out | {np.mean(now):.2f} | "
+          "one per batch |")
+    print(f"| random batches, each sorted by length into micro-batches with their own row lengths | "
+          f"{np.mean(by_length):.2f} | {sorted(shapes)} |")
     print(f"| length-bucketed batches (warm_start.length_buckets={args.length_buckets}) | {np.mean(bucketed):.2f} | "
           f"{sorted(bucket_shapes)} |")
     print(f"\npadded tokens processed, length-bucketed / random batches: {bucket_padded / random_padded:.2f} "
