@@ -265,7 +265,8 @@ def print_pace(p: dict) -> None:
     minutes = "-" if p["common_minutes"] is None else f"{p['common_minutes']:.1f}"
     parts = (("per_step", "+.3f"), ("per_minute", "+.4f"), ("minutes_to_margin", ".1f"),
              (f"last_{CRITERION_LAST_STEPS}", ".3f"))
-    print(f"\n| run | steps | RL minutes | minutes per step | mean speedup: gain per step (steps 1-{p['common_steps']}) | "
+    print(f"\n| run | steps | RL minutes | minutes per step | mean speedup: gain per step "
+          f"(steps 1-{p['common_steps']}) | "
           f"per minute (first {minutes} min) | minutes to +{SPEED_MARGINS['mean_speedup']} | last "
           f"{CRITERION_LAST_STEPS} steps | fast share: gain per step | per minute | minutes to "
           f"+{SPEED_MARGINS['fast_share']} | last {CRITERION_LAST_STEPS} steps |")

@@ -295,8 +295,9 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
               learning_rate: float, batch_size: int, seed: int, length_buckets: int = 0,
               log_prefix: str = "sft") -> tuple[Any, dict]:
     """Adam on the mean response NLL; every step uses a seeded batch of `batch_size` samples (batch_order: random, or
-    length-bucketed with `length_buckets`), packed into micro-batches with the RL update's layout (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated by the RL
-    update's Updater (kevin_jax.rl.state) with this loss.
+    length-bucketed with `length_buckets`), packed into micro-batches with the RL update's layout
+    (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated by the RL update's Updater (kevin_jax.rl.state) with
+    this loss.
     Each log line also gives the seconds per step since the previous line, real tokens per second, the share of
     padded tokens, the share of wall time spent on the host building batches, and MFU (model FLOPs of the real
     tokens; n/a on CPU), so that a slow warm start shows where its time goes.
