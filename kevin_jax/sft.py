@@ -276,7 +276,8 @@ def batch_order(lengths: Sequence[int], batch_size: int, steps: int, seed: int,
     length_buckets=K > 0: epochs of the shuffled examples; each run of K x batch_size of them is sorted by length and
     cut into batches (an incomplete batch is dropped: its examples come in the next epoch's order), and an epoch's
     batches are shuffled. Examples of similar length share a batch, so the rows of a micro-batch, right-padded to the
-    next power of two of its longest, carry less padding (docs/LOG.md, "length-bucketed warm-start batches")."""
+    next power of two of its longest, carry less padding (docs/LOG.md, "length-bucketed warm-start batches"). With
+    fewer than two batches' worth of examples there is nothing to bucket: random batches."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5F7]))
     n, per_step = len(lengths), min(len(lengths), batch_size)
     if length_buckets <= 0 or n < per_step * 2:
@@ -357,7 +358,7 @@ class WarmStartConfig:
 
     steps: Adam steps on the examples (0 = no warm start).
     learning_rate: Adam learning rate.
-    batch_size: examples per step (a seeded random choice each step).
+    batch_size: examples per step (seeded; chosen as length_buckets says).
     length_buckets: 0 = each batch a random choice; K > 0 = epochs in which each run of K x batch_size shuffled
       examples is sorted by length and cut into batches (less padding per batch; sft.batch_order).
     corpus: "" = the built-in correct solutions, first turn only; "builtin" = the shipped warm-start corpus
