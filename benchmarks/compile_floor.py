@@ -1,0 +1,113 @@
+"""What one CUDA unit costs by what it includes: the floor under the compile stage's CPU per new candidate.
+
+    python benchmarks/compile_floor.py                                   # the table below, nvcc included
+    python benchmarks/compile_floor.py --lines-only                      # preprocessed line counts only (seconds)
+    python benchmarks/compile_floor.py --candidate benchmarks/candidates/gemv.py
+
+Units, each compiled as the compile stage compiles a candidate's cuda.cu (`nvcc -c` with the toolchain's flags for
+load_inline, the candidate's program read by candidate.static_record_specs, its light header from
+build.light_header_text):
+  1. a plain kernel and its launch, no torch;
+  2. the same launch from a host function over `at::Tensor` (`#include <ATen/core/Tensor.h>` only);
+  3. 2 plus one ATen operator header (ATen/ops/empty_like.h: how nearly every candidate allocates its output);
+  4. the candidate's own cuda.cu with its light header, as the build writes it.
+Per unit: the lines every front end parses (`g++ -E` with the same includes) and the CPU seconds of the whole nvcc
+run (the rusage of the waited-for children: cudafe++, cicc, the host compile ...). CPU seconds, not wall: run it on
+an idle machine or read the CPU column only.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cuda_eval import build, candidate, toolchain  # noqa: E402
+
+KERNEL = """__global__ void add(const float* a, const float* b, float* c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+"""
+PLAIN = "#include <cuda_runtime.h>\n" + KERNEL + """void launch(const float* a, const float* b, float* c, int n) {
+  add<<<(n + 255) / 256, 256>>>(a, b, c, n);
+}
+"""
+TENSOR = "#include <ATen/core/Tensor.h>\n#include <cuda_runtime.h>\n" + KERNEL + """void launch(const at::Tensor& a,
+    const at::Tensor& b, at::Tensor& c) {
+  int n = a.numel();
+  add<<<(n + 255) / 256, 256>>>(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), n);
+}
+"""
+TENSOR_OP = TENSOR.replace("#include <ATen/core/Tensor.h>\n",
+                           "#include <ATen/core/Tensor.h>\n#include <ATen/ops/empty_like.h>\n", 1)
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[str, str], str]:
+    """{label: .cu source} and the candidate's light header text."""
+    specs = candidate.static_record_specs(candidate_path.read_text())
+    if not specs:
+        raise SystemExit(f"{candidate_path}: its builds cannot be read from its source; pick a plainer candidate")
+    spec = specs[0]
+    header, why = build.light_header_text([*spec.cuda_sources, *spec.cpp_sources], tc)
+    if header is None:
+        raise SystemExit(f"{candidate_path}: no light-header build ({why})")
+    return {"plain kernel, no torch": PLAIN,
+            "host function over at::Tensor (ATen/core/Tensor.h)": TENSOR,
+            "+ one operator header (ATen/ops/empty_like.h)": TENSOR_OP,
+            f"{candidate_path.name}'s cuda.cu with its light header": build.cuda_cu(spec, light=True)}, header
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--candidate", type=pathlib.Path, default=REPO / "benchmarks" / "candidates" / "layernorm.py")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--lines-only", action="store_true", help="skip nvcc: preprocessed line counts only")
+    args = p.parse_args(argv)
+
+    tc = toolchain.detect(args.arch)
+    cuda_flags = tc.flags("floor", with_cuda=True)["cuda_cflags"]
+    includes = [f"-I{cuda_flags[i + 1]}" for i, f in enumerate(cuda_flags[:-1]) if f == "-isystem"]
+    includes += [f for f in cuda_flags if f.startswith("-I")]
+    std = next((f for f in cuda_flags if f.startswith("-std=")), "-std=c++17")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="compile_floor-") as tmp:
+        work = pathlib.Path(tmp)
+        sources, header = units(args.candidate, tc)
+        (work / build.LIGHT_HEADER).write_text(header)
+        for k, (label, src) in enumerate(sources.items()):
+            cu = work / f"unit{k}.cu"
+            cu.write_text(src)
+            pre = subprocess.run(["g++", std, "-x", "c++", "-E", str(cu), f"-I{work}", *includes],
+                                 capture_output=True, text=True)
+            lines = pre.stdout.count("\n") if pre.returncode == 0 else None
+            cpu = None
+            if not args.lines_only:
+                before = children_cpu()
+                proc = subprocess.run([tc.nvcc, *cuda_flags, f"-I{work}", "-c", str(cu), "-o", str(work / "u.o")],
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"nvcc failed on {label}:\n{proc.stderr[-3000:]}")
+                cpu = children_cpu() - before
+            rows.append((label, lines, cpu))
+
+    print(f"toolchain: nvcc {tc.nvcc_version}, torch {tc.torch_version}, arch {tc.arch}\n")
+    print("| unit | lines after preprocessing | CPU-s (nvcc, all phases) |")
+    print("|---|---|---|")
+    for label, lines, cpu in rows:
+        print(f"| {label} | {'-' if lines is None else f'{lines:,}'} | {'-' if cpu is None else f'{cpu:.1f}'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
