@@ -46,10 +46,9 @@ def main(argv=None) -> int:
                                       renderer, tokenizer.eos_id, max_response_tokens=spec.longest_response)
     lengths = np.array([len(s) for s in samples])
     per_step = min(len(samples), spec.warm_start.batch_size)
-    rng = np.random.default_rng(args.seed)
     now, by_length, shapes, random_padded = [], [], set(), 0
-    for _ in range(args.batches):
-        chosen = [samples[j] for j in sorted(rng.choice(len(samples), per_step, replace=False))]
+    for batch in sft.batch_order(lengths.tolist(), per_step, args.batches, args.seed):     # as the warm start draws
+        chosen = [samples[j] for j in batch]
         real = sum(len(s) for s in chosen)
         _, layout = rl_batch.micro_batches(chosen, spec.rl, 1)
         now.append(1 - real / layout.padded_tokens)

@@ -595,8 +595,6 @@ class _Reading:
         return self.modules[head] + ("." + rest if rest else "")
 
     def plain_import(self, stmt) -> bool:
-        import importlib
-        import importlib.util
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if alias.name in _TORCH_MODULES:
@@ -705,9 +703,7 @@ class _Reading:
         if not self.specs:
             return None
         # The loader reached nowhere but in the calls read.
-        in_calls = {id(f) for f in self.loader_funcs} | {id(_base_name(f)) for f in self.loader_funcs}
-        for f in self.loader_funcs:
-            in_calls.update(id(link) for link in _links(f))
+        in_calls = {id(node) for f in self.loader_funcs for node in (*_links(f), _base_name(f))}
         for node in ast.walk(self.tree):
             if id(node) in in_calls:
                 continue
@@ -725,7 +721,7 @@ def _base_name(node):
 
 
 def _links(chain):
-    """The attribute nodes of a chain a.b.c."""
+    """The attribute nodes of a chain a.b.c (none for a bare name)."""
     while isinstance(chain, ast.Attribute):
         yield chain
         chain = chain.value
