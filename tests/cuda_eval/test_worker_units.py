@@ -1,4 +1,5 @@
 """In-process units of the worker (CPU torch): output comparison, memory checks, tracing, snapshots, timing."""
+import itertools
 import threading
 import time
 
@@ -217,6 +218,11 @@ def test_gated_retries_keep_the_input_rotation(monkeypatch, warmup, reps, late):
     monkeypatch.setattr(timing, "_CudaEvent", fake.event)
     monkeypatch.setattr(timing, "_cuda_sleep", lambda cycles: None)
     monkeypatch.setattr(timing, "_cuda_synchronize", lambda: None)
+    # A fake host clock (1 us per read): on a loaded machine the real one can see a group take longer to queue than
+    # 0.9 x the grown gate, and the timer then rightly stops retrying ("waits for the device"), which is not the case
+    # under test here.
+    fake_clock = itertools.count(0, 1000)
+    monkeypatch.setattr(timing, "_perf_counter_ns", lambda: next(fake_clock))
     calls: list[int] = []
     timer = timing.GatedTimer(cycles_per_ms=1000.0)
     times = timer.time(calls.append, warmup=warmup, reps=reps, l2_flush_bytes=0)
