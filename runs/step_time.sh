@@ -28,13 +28,20 @@ OUT=$WORK/out
 mkdir -p "$OUT" "$CACHES"
 $PY -c "import cuda_eval._native" 2>/dev/null || $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 ||
   { tail -30 "$OUT/build.log"; exit 1; }
+STAGES=${*:-first_step sft overlap rl_step}
+for stage in $STAGES; do
+  case "$stage" in
+    first_step|sft|overlap|rl_step) ;;
+    *) echo "unknown stage $stage (first_step | sft | overlap | rl_step)"; exit 2 ;;
+  esac
+done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; git rev-parse HEAD
 $PY -c "import os; print(len(os.sched_getaffinity(0)), 'usable cores')"
 FIRST_STEP=(--milestone 'first_round=\bround 0\b.*\blive, generate ' --milestone 'first_rl_step=\bstep 1/\d+: score ')
 FROM_SFT=(--config.model.shape= --config.model.hf_checkpoint="$WORK/sft" --config.warm_start.steps=0)
 need_sft() { [ -f "$WORK/sft/config.json" ] || { echo "no warm-start checkpoint in $WORK/sft: run the sft stage first"; exit 1; }; }
 rc=0
-for stage in ${*:-first_step sft overlap rl_step}; do
+for stage in $STAGES; do
   echo "=== $(date +%T) $stage"
   case "$stage" in
     first_step)
@@ -64,7 +71,6 @@ for stage in ${*:-first_step sft overlap rl_step}; do
           $PY launch/train.py --config=configs/one_gpu.py --workdir="$WORK/rl_$runner" "${FROM_SFT[@]}" "${extra[@]}" ||
           rc=1
       done ;;
-    *) echo "unknown stage $stage (first_step | sft | overlap | rl_step)"; exit 2 ;;
   esac
 done
 exit $rc
