@@ -56,7 +56,8 @@ case "$stage" in
     limit $PY launch/train.py --config="$CONFIG" --workdir="$RUNS/$name" --config.seed="$seed" \
       --config.model.shape= --config.model.hf_checkpoint="$RUNS/sft" --config.warm_start.steps=0 \
       --config.total_steps="${RL_STEPS:-10}" --config.log.progress=False "$@" >> "$OUT/rl_$name.log" 2>&1
-    rc=$?; echo "rl $name: rc=$rc after ${SECONDS}s"; grep -E "step [0-9]+/|resuming|fresh run" "$OUT/rl_$name.log" | tail -20
+    rc=$?; echo "rl $name: rc=$rc after ${SECONDS}s"
+    grep -E "step [0-9]+/|resuming|fresh run" "$OUT/rl_$name.log" | tail -20
     [ $rc -eq 124 ] && echo "stopped at LIMIT_S=${LIMIT_S:-}: run the same stage again to resume"
     exit $rc ;;
   eval)

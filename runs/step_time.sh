@@ -39,7 +39,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; git rev-par
 $PY -c "import os; print(len(os.sched_getaffinity(0)), 'usable cores')"
 FIRST_STEP=(--milestone 'first_round=\bround 0\b.*\blive, generate ' --milestone 'first_rl_step=\bstep 1/\d+: score ')
 FROM_SFT=(--config.model.shape= --config.model.hf_checkpoint="$WORK/sft" --config.warm_start.steps=0)
-need_sft() { [ -f "$WORK/sft/config.json" ] || { echo "no warm-start checkpoint in $WORK/sft: run the sft stage first"; exit 1; }; }
+need_sft() {
+  [ -f "$WORK/sft/config.json" ] || { echo "no warm-start checkpoint in $WORK/sft: run the sft stage first"; exit 1; }
+}
 rc=0
 for stage in $STAGES; do
   echo "=== $(date +%T) $stage"
