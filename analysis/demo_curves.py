@@ -5,8 +5,8 @@ block = one pass over the task permutation, so that the task mix averages out) a
     python analysis/demo_curves.py tensorboard_speed_seed0 tensorboard_speed_seed1 --block 1 --plot speed \
         --out docs/img/demo_speed.png       # mean speedup and fast_1 of correct kernels, all and per turn
 
-Works on the tensorboard dirs that warm_start_demo.sh copies into $OUT (tensorboard_<run>); a run is named by its
-directory (the tensorboard_ prefix dropped, or the parent's name for <workdir>/tensorboard).
+Works on a run's <workdir>/tensorboard (named by the workdir; runs/demo.sh's runs are in workdirs/demo) or on a copied
+tensorboard_<run> dir (named with the tensorboard_ prefix dropped).
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ evaluator's).
 Wall on an H100 + 16 cores, measured with the full set (49 items, 40 load programs): 19 min (start-ups 49 + 38 s,
 idle compile 136 s, idle 194 s, floor 25 s, batch 2 439 s, batch 3 249 s): each job takes 1-4 s of GPU slot (the
 built-in tasks' 256 MB tensors ~4 s) and 89 cold programs take ~4 min of 16 cores. --limit 12 --quick: 5 min.
-Longer than a 10-minute command limit: run it in the background (device/background.sh).
+Long: run it under nohup or in tmux.
 --with-sampler adds scenario 4 (reported apart, no target): the set again on the warm evaluator while a JAX sampler
 (benchmarks/jax_generate_load.py) generates on the same GPU, once ignoring the evaluator ("shared") and once holding
 its DeviceShare around each device call ("shared_yield"); a few minutes more (two JAX start-ups and two batches).

@@ -8,7 +8,7 @@ samples jumps ~10x after three steps: "single-turn RL learns and stays stable at
 (at 0.9 the memorised policy draws a token from its tail every few hundred tokens and the answer derails: "the demo
 warms up and trains"; the trainer recomputes log-probs at the same temperature).
 
-Commands (device/warm_start_demo.sh wraps them; device/plans/demo_turn_mean_kl_x1.sh runs the README's demo):
+Commands (runs/demo.sh runs them: the README's demo, `SEED=0 bash runs/demo.sh`):
   python launch/sft.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/sft --config.warm_start.steps=180
   python launch/train.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/kl_seed0 \\
       --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0 \\
@@ -23,9 +23,9 @@ the mean score 0.981 -> 1.041 and 0.847 -> 0.936. Single-turn (4x H200, one run 
 in 5-10 steps of ~40 s ("multi-turn RL at lr 2e-5"). Those runs used the corpus before its speed mix (at 66e84aa),
 in which the speed part of the score could not move: no task had a faster variant to find. The shipped corpus now
 has, for 16 of the 17 tasks, a slow and a rare fast correct kernel measured on an H100 ("timing under load on one
-H100": 1.9-12.8x apart). The speed demo on it (device/plans/speed_demo_x1.sh: 300-step warm start, then the
-turn_mean + KL recipe above; both seeds and the single-turn comparison side by side: device/plans/speed_demo_x4.sh,
-~24 minutes of a four-GPU machine; "the speed demo passes its criterion in both seeds"): the first RL step ~5
+H100": 1.9-12.8x apart). The speed demo on it (runs/speed_demo.sh: 300-step warm start, then the turn_mean + KL
+recipe above; both seeds and the single-turn comparison side by side, one per GPU of a four-GPU machine, ~24 minutes;
+"the speed demo passes its criterion in both seeds"): the first RL step ~5
 minutes, then ~2.5-3 minutes a step; both seeds passed the criterion written before the runs, the mean speedup of
 correct kernels 0.32 -> 0.64 and 0.27 -> 0.50 and the fast-variant share 0.20 -> 0.69 and 0.08 -> 0.58 (last 3 of
 7 and 6 steps against step 1, on H200s) at 0.90-0.94 correct, mostly in the turns after slow feedback; single-turn
@@ -51,5 +51,5 @@ def get_config():
     c.sampler.temperature = 0.5             # see the docstring: 0.9 derails the memorised answers
     c.holdout.every_steps = 0
     c.holdout.at_end = False
-    c.ckpt.every_steps = 1                  # a run cut by a call's time limit resumes from its last step
+    c.ckpt.every_steps = 1                  # a run cut by its time limit resumes from its last step
     return c

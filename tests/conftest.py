@@ -26,7 +26,7 @@ if not HAS_GPU:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (run these on the device: see README 'GPU tests')")
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (run these on a GPU machine: README, 'GPU tests')")
     skip_nvcc = pytest.mark.skip(reason="needs nvcc on PATH")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:

@@ -143,7 +143,7 @@ class PallasParams:
     interpret: bool
 
 
-# Automatic blocking: the winner of benchmarks/sampler.py's sweep on the H200 (docs/LOG.md, "two H200 leases"): 64 keys
+# Automatic blocking: the winner of benchmarks/sampler.py's sweep on the H200 (docs/LOG.md, "two H200 machines"): 64 keys
 # per block, >= 512 keys per program, 4 warps, ONE pipeline stage. One stage needs a third of the shared memory of
 # three, so more programs share an SM and hide each other's latency: at batch 512, attention took 14.3 ms/step (1.5B)
 # and 23.2-23.9 ms (7B) against 18.7 ms and >= 30.9 ms with 3 stages, our first-principles guess. Tables longer than 16k

@@ -296,7 +296,7 @@ def test_gpu_indices_follow_our_visible_devices(monkeypatch):
 
 def test_spare_workers_auto_scales_with_the_cores_per_device():
     from cuda_eval.api import auto_spare_workers
-    assert auto_spare_workers(1, 16) == 8          # one H200 lease: 16 cores
+    assert auto_spare_workers(1, 16) == 8          # one H200 machine: 16 cores
     assert auto_spare_workers(4, 64) == 8
     assert auto_spare_workers(8, 16) == 2          # never fewer than 2 (the old default)
     assert auto_spare_workers(1, 2) == 2           # CI

@@ -1,4 +1,5 @@
 """In-process units of the worker (CPU torch): output comparison, memory checks, tracing, snapshots, timing."""
+import itertools
 import threading
 import time
 
@@ -163,7 +164,10 @@ def test_time_rotating_on_host():
     stats = timing.time_rotating(work, 3, timer=timing.HostTimer(), device_type="cpu", config=cfg)
     assert 5 <= stats["n"] <= 50 and stats["median_ms"] >= 1.0 and stats["input_sets"] == 3
     assert set(calls) == {0, 1, 2}
-    assert stats["min_ms"] <= stats["median_ms"] <= max(stats["mean_ms"] * 3, stats["median_ms"])
+    assert stats["min_ms"] >= 1.0  # every timed call sleeps 1 ms: a time below it was not measured around the call
+    # the 4 calls of the estimate (1 warm-up, 3 reps), then the timed run, which ends on the set the judge checks
+    assert len(calls) == 4 + stats["warmup"] + stats["n"]
+    assert calls[-1] == (stats["warmup"] + stats["n"] - 1) % 3
 
 
 def test_timing_methods_plan_their_repetitions():
@@ -198,6 +202,9 @@ class _FakeGate:
 
             def elapsed_time(self, other):
                 return 1.0
+
+            def synchronize(self):
+                pass
         return Event()
 
 
@@ -211,6 +218,11 @@ def test_gated_retries_keep_the_input_rotation(monkeypatch, warmup, reps, late):
     monkeypatch.setattr(timing, "_CudaEvent", fake.event)
     monkeypatch.setattr(timing, "_cuda_sleep", lambda cycles: None)
     monkeypatch.setattr(timing, "_cuda_synchronize", lambda: None)
+    # A fake host clock (1 us per read): on a loaded machine the real one can see a group take longer to queue than
+    # 0.9 x the grown gate, and the timer then rightly stops retrying ("waits for the device"), which is not the case
+    # under test here.
+    fake_clock = itertools.count(0, 1000)
+    monkeypatch.setattr(timing, "_perf_counter_ns", lambda: next(fake_clock))
     calls: list[int] = []
     timer = timing.GatedTimer(cycles_per_ms=1000.0)
     times = timer.time(calls.append, warmup=warmup, reps=reps, l2_flush_bytes=0)
@@ -223,12 +235,69 @@ def test_gated_retries_keep_the_input_rotation(monkeypatch, warmup, reps, late):
     assert last_set_used == (warmup + reps - 1) % n_sets
 
 
-@pytest.mark.parametrize("method", ["device_sync", "kernelbench", "gated"])
-def test_every_timer_ends_on_the_judges_last_call(method):
-    """Whatever the method, the last call a timer makes is k = warmup+reps-1 (what the judge's timed-output check
-    assumes); on the CPU every method is the host clock."""
-    host = timing.make_timer("cpu")
-    timer = timing.timer_for(method, "cpu", host, None)
+class _FakeNativeCudaTimer:
+    """A test fake of cuda_eval._native.CudaTimer's contract (cuda_timer.cpp): fn() is called `warmup` times, then
+    once per rep, never again; one time per rep."""
+
+    def time(self, fn, *, warmup, reps, l2_flush_bytes, sync_device, stream):
+        for _ in range(warmup + reps):
+            fn()
+        return [1.0] * reps
+
+
+def _cuda_timers_on_fakes(monkeypatch):
+    """The CUDA timers of timing.py with their CUDA calls replaced by fakes (CPU only): events that time nothing and
+    a gate that always holds."""
+    fake = _FakeGate(late=set())
+    monkeypatch.setattr(timing, "_CudaEvent", fake.event)
+    monkeypatch.setattr(timing, "_cuda_sleep", lambda cycles: None)
+    monkeypatch.setattr(timing, "_cuda_synchronize", lambda: None)
+    kernelbench = timing.KernelBenchTimer()
+    kernelbench._thrash = torch.empty(1, dtype=torch.int64)  # its L2-thrash buffer, on the host instead of the GPU
+    return {"native": timing.NativeTimer(_FakeNativeCudaTimer()), "torch_events": timing.TorchEventTimer(),
+            "kernelbench": kernelbench, "gated": timing.GatedTimer(cycles_per_ms=1000.0), "host": timing.HostTimer()}
+
+
+@pytest.mark.parametrize("name", ["native", "torch_events", "kernelbench", "gated", "host"])
+@pytest.mark.parametrize("warmup,reps", [(2, 9), (3, 100), (0, 1)])
+def test_every_timer_ends_on_the_judges_last_call(monkeypatch, name, warmup, reps):
+    """Whatever the timer, its last call is k = warmup+reps-1 (the judge checks the last timed output against input
+    set (warmup+reps-1) mod n_sets), every k in [0, warmup+reps) is used, and it returns one time per rep. The CUDA
+    timers run here on fakes of their CUDA calls (_cuda_timers_on_fakes); test_cuda_timers_end_on_the_judges_last_call
+    runs them on a GPU."""
+    timer = _cuda_timers_on_fakes(monkeypatch)[name]
     calls: list[int] = []
-    timer.time(calls.append, warmup=2, reps=9, l2_flush_bytes=0)
-    assert calls == list(range(11))
+    times = timer.time(calls.append, warmup=warmup, reps=reps, l2_flush_bytes=0)
+    assert len(times) == reps
+    assert calls[-1] == warmup + reps - 1
+    assert sorted(set(calls)) == list(range(warmup + reps))
+    if name == "kernelbench":  # KernelBench's discarded first trial repeats the first timed k
+        assert calls == list(range(warmup)) + [warmup] + list(range(warmup, warmup + reps))
+    else:
+        assert calls == list(range(warmup + reps))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["device_sync", "kernelbench", "gated"])
+def test_cuda_timers_end_on_the_judges_last_call(method):
+    """The same rule for the real CUDA timers (the native timer or its torch-events fallback, KernelBench's, the gated
+    one with the spin kernel calibrated as the harness does): the last call is k = warmup+reps-1."""
+    assert torch.cuda.is_available()
+    cycles = 4_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles // 10)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    timer = timing.timer_for(method, "cuda", timing.make_timer("cuda"), cycles / start.elapsed_time(end))
+    x = torch.randn(1 << 20, device="cuda")
+    calls: list[int] = []
+
+    def fn(k: int) -> None:
+        torch.relu(x)
+        calls.append(k)
+
+    times = timer.time(fn, warmup=3, reps=27, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
+    assert len(times) == 27 and all(t > 0 for t in times)
+    assert calls[-1] == 3 + 27 - 1 and sorted(set(calls)) == list(range(30))

@@ -107,10 +107,17 @@ def test_learning_rate_schedule_warms_up_then_stays_constant():
     assert float(no_warmup(0)) == 2e-6
 
 
-def test_update_clips_the_gradient_and_counts_updates():
+LR, EPS = 1e-2, 1e-3
+
+
+def _first_update(grad_clip_norm: float):
+    """One update of the tiny model with Adam's eps (1e-3) above every gradient entry: its first step, -lr * g /
+    (|g| + eps) per parameter, then depends on the scale of g. With Kevin's eps = 1e-8 it is ~ -lr * sign(g), the
+    same whatever the clipping, so a test of it could not fail without clipping."""
     mesh = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
     cfg = rl_loss.RLConfig(micro_batch_tokens=4096, min_row_len=64)
-    ocfg = rl_state.OptimConfig(learning_rate=1e-3, warmup_fraction=0.0, grad_clip_norm=0.05, weight_decay=0.0)
+    ocfg = rl_state.OptimConfig(learning_rate=LR, warmup_fraction=0.0, grad_clip_norm=grad_clip_norm,
+                                weight_decay=0.0, eps=EPS)
     graphdef, params = _model(mesh)
     tx = rl_state.make_optimizer(ocfg, total_updates=10)
     updater = rl_state.Updater(graphdef, tx, rl_state.learning_rate_schedule(ocfg, 10), cfg, mesh, 0.9)
@@ -118,17 +125,40 @@ def test_update_clips_the_gradient_and_counts_updates():
     before = jax.tree.map(np.array, state["params"])
     mbs, _ = rl_batch.micro_batches(_samples(), cfg)
     batches = [updater.device_batch(mb) for mb in mbs]
-    grads, _, _ = updater.gradients(state["params"], batches, first=True)
-    raw_norm = float(optax.global_norm(grads))
+    grads = jax.tree.map(np.array, updater.gradients(state["params"], batches, first=True)[0])
     state, stats, trainer_lp = updater.update(state, batches, first=True)
+    return before, grads, state, stats, trainer_lp, mbs
+
+
+def _assert_adam_first_step(before, after, grads):
+    """after == before - lr * g / (|g| + eps) (Adam's bias-corrected first step), to a few float32 ulps."""
+    for (path, p0), p1, g in zip(jax.tree_util.tree_flatten_with_path(before)[0], jax.tree.leaves(after),
+                                 jax.tree.leaves(grads)):
+        expected = -LR * g.astype(np.float64) / (np.abs(g) + EPS)
+        ulps = 4 * float(np.spacing(np.float32(np.abs(p0).max())))
+        np.testing.assert_allclose(np.asarray(p1, np.float64) - p0, expected, rtol=1e-3, atol=ulps,
+                                   err_msg=parallel.path_name(path))
+
+
+def test_update_clips_the_gradient_and_counts_updates():
+    before, grads, state, stats, trainer_lp, mbs = _first_update(grad_clip_norm=0.05)
+    raw_norm = float(optax.global_norm(grads))
     assert int(state["updates"]) == 1
     np.testing.assert_allclose(stats["grad_norm"], raw_norm, rtol=1e-5)
-    assert raw_norm > 0.05                      # so clipping was active
-    assert stats["learning_rate"] == pytest.approx(1e-3)
-    # Adam's first step moves each parameter by ~lr * sign(g): the change is bounded by lr
+    assert raw_norm > 0.5                       # 10x the clip norm: clipping changes the step below 10-fold
+    assert stats["learning_rate"] == pytest.approx(LR)
     deltas = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), state["params"], before)
-    assert 0 < max(jax.tree.leaves(deltas)) <= 1e-3 * 1.001
+    assert 0 < max(jax.tree.leaves(deltas)) <= LR * 1.001        # an Adam step is bounded by lr
+    # the step is Adam's on the clipped gradient (global norm 0.05), not on the raw one
+    _assert_adam_first_step(before, state["params"], jax.tree.map(lambda g: g * (0.05 / raw_norm), grads))
     assert trainer_lp[0].shape == mbs[0]["tokens"].shape
+
+
+def test_without_clipping_the_update_follows_the_raw_gradient():
+    """The control of the test above (same model, batch and optimiser, grad_clip_norm=0): the step is Adam's on the
+    raw gradient, which differs from the clipped one's by the clip factor."""
+    before, grads, state, *_ = _first_update(grad_clip_norm=0.0)
+    _assert_adam_first_step(before, state["params"], grads)
 
 
 def test_kl_to_an_identical_reference_is_zero_and_leaves_the_gradient_unchanged(reference):

@@ -1,7 +1,7 @@
 """Start one evaluator worker and one judge on the GPU, sandboxed and not, and say how far each gets (a start-up
 hang's stack).
 
-    python device/worker_probe.py --timeout 60
+    python scripts/worker_probe.py --timeout 60
 
 Then one honest candidate through the whole Evaluator. Prints every worker's stderr: the start-up milestones.
 """
