@@ -38,6 +38,8 @@ try:
 except AttributeError:
     mq_open = ctypes.CDLL(ctypes.util.find_library("rt"), use_errno=True).mq_open
 name, create = sys.argv[1].encode(), sys.argv[2] == "create"
+if create:
+    os.umask(0)                                # a queue any uid may read and write
 fd = mq_open(name, os.O_RDWR | (os.O_CREAT if create else 0), 0o666, None)
 print("opened" if fd >= 0 else "failed " + os.strerror(ctypes.get_errno()))
 """
@@ -262,8 +264,14 @@ UNPRIVILEGED = """
 import json, logging, os, socket, sys
 os.environ.pop({inside!r}, None)        # a normal user's evaluator, not a sandbox started from a sandbox
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-from cuda_eval import sandbox as sb
+from cuda_eval import _native, sandbox as sb
 out = {{"uid": os.getuid()}}
+try:  # what the kernel allows, asked directly (not through the sandbox's choice of mode)
+    _native.run(["true"], env={{}}, cwd="/", timeout_s=30, limits={{}}, output_cap_bytes=1024, userns=True,
+                writable_dir=os.getcwd())
+    out["kernel_userns"] = "ok"
+except RuntimeError as e:
+    out["kernel_userns"] = str(e)
 listener = socket.socket(socket.AF_UNIX)   # abstract: lives in our network namespace
 listener.bind("\\0cuda_eval_test_{tag}")
 listener.listen()
@@ -319,8 +327,9 @@ def test_without_root_candidates_are_isolated_by_user_namespaces(sandbox_tmp):
     neither seen nor signalled), everything but their work dir is read-only, no network (the evaluator's own
     abstract socket cannot be reached), and they are the OOM killer's first pick."""
     got, _ = _unprivileged(sandbox_tmp, simulate_no_userns=False)
-    if got["isolation"]["identity"] != "namespaces":
-        pytest.skip(f"no unprivileged user namespaces here: {got}")
+    if got["kernel_userns"] != "ok":
+        pytest.skip(f"this kernel gives no unprivileged user namespaces: {got['kernel_userns']}")
+    assert got["isolation"]["identity"] == "namespaces", got
     assert got["uid"] != 0
     probe = got["probe"]
     assert probe["pid"] == 1 and probe["procs"] <= 3, probe
