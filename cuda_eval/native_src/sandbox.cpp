@@ -65,10 +65,10 @@ const char* const kChildSteps[] = {"setsid", "dup2", "chdir", "setrlimit", "setg
                                    "joining its cgroup (cgroup.procs)", "oom_score_adj",
                                    "user namespace (setgroups/uid_map/gid_map)", "making / read-only (mount_setattr)",
                                    "bind-mounting its work dir writable", "mounting /proc", "mounting /dev/shm",
-                                   "parent exited"};
+                                   "parent exited", "limiting SysV shared memory in its IPC namespace"};
 enum ChildStep { kSetsid, kDup2, kChdir, kSetrlimit, kSetgroups, kSetgid, kSetuid, kPrctl, kExecve, kUnshareNet,
                  kSetpriority, kCgroup, kOomScore, kUserMap, kReadOnly, kBindWork, kMountProc, kMountShm,
-                 kParentGone };
+                 kParentGone, kIpcLimits };
 
 // mount_setattr(2) (Linux 5.12): older headers lack it. The number is the same on every architecture.
 #ifndef SYS_mount_setattr
@@ -102,9 +102,11 @@ struct ChildPlan {
   int oom_score_adj;
   const char* cgroup_procs;  // "" = none
   bool userns;
-  char uid_map[64], gid_map[64];
+  char root_uid_map[64], root_gid_map[64];  // ours -> 0 in the namespace that owns the others
+  char uid_map[64], gid_map[64];            // 0 there -> ours again, where the program runs
   const char* writable_dir;
   char shm_options[64];
+  char shmmax[32], shmall[32];  // SysV shared memory limits of a new IPC namespace (bytes, pages)
   bool have_shm;
   int parent_pidfd;          // userns (new PID namespace, so getppid() is 0): how the child sees its parent exit
 };
@@ -132,10 +134,11 @@ int child_main(void* arg) {
   // First into its cgroup, so that everything it does from here on is accounted and limited there.
   if (plan->cgroup_procs[0] && write_file(plan->cgroup_procs, "0") != 0) child_fail(plan, kCgroup);
   if (plan->userns) {
-    // clone() made the namespaces. Map our uid/gid to themselves (an unprivileged process may map only its own);
-    // the program then runs with no capabilities in them (a non-zero uid loses them at execve).
-    if (write_file("/proc/self/setgroups", "deny") != 0 || write_file("/proc/self/uid_map", plan->uid_map) != 0 ||
-        write_file("/proc/self/gid_map", plan->gid_map) != 0)
+    // clone() made the namespaces, owned by a user namespace in which we are root (our uid/gid mapped to 0, the
+    // one mapping an unprivileged process may write): root there may mount and set the IPC namespace's limits.
+    // The program itself runs one user namespace further down (see below), as our own uid, with no capabilities.
+    if (write_file("/proc/self/setgroups", "deny") != 0 || write_file("/proc/self/uid_map", plan->root_uid_map) != 0 ||
+        write_file("/proc/self/gid_map", plan->root_gid_map) != 0)
       child_fail(plan, kUserMap);
     // No credential change follows in this mode, so the parent-death signal can be set now, while the parent's
     // pidfd is still open (the descriptor sweep below closes it).
@@ -196,6 +199,20 @@ int child_main(void* arg) {
   // message queues shared with anyone (both die with the last process in them). Before dropping privileges.
   const int unshare_flags = (plan->new_netns ? CLONE_NEWNET : 0) | (plan->new_ipcns ? CLONE_NEWIPC : 0);
   if (!plan->userns && unshare_flags && syscall(SYS_unshare, unshare_flags) != 0) child_fail(plan, kUnshareNet);
+  // SysV shared memory is host RAM that no rlimit counts, and in its own namespace the disk-quota watchdog cannot
+  // see it: bound it there (these sysctls belong to the IPC namespace).
+  if (plan->new_ipcns || plan->userns) {
+    if (write_file("/proc/sys/kernel/shmmax", plan->shmmax) != 0 ||
+        write_file("/proc/sys/kernel/shmall", plan->shmall) != 0)
+      child_fail(plan, kIpcLimits);
+  }
+  if (plan->userns) {
+    // A user namespace of its own under ours, in which it is our uid/gid again: no capability over its mounts,
+    // its IPC namespace or anything else set up above (they belong to the namespace where we were root).
+    if (syscall(SYS_unshare, CLONE_NEWUSER) != 0 || write_file("/proc/self/setgroups", "deny") != 0 ||
+        write_file("/proc/self/uid_map", plan->uid_map) != 0 || write_file("/proc/self/gid_map", plan->gid_map) != 0)
+      child_fail(plan, kUserMap);
+  }
   // The OOM killer's first pick under host memory pressure, before the trainer (raising it needs no privilege).
   if (plan->oom_score_adj != kKeepOomScore) {
     char value[16];
@@ -438,13 +455,17 @@ std::unique_ptr<Child> Child::start(const SpawnOptions& options) {
   plan.userns = options.userns;
   plan.writable_dir = options.writable_dir.c_str();
   plan.parent_pidfd = -1;
+  const long long shm_bytes = std::max(1LL << 20, options.shm_bytes);
+  snprintf(plan.shmmax, sizeof(plan.shmmax), "%lld", shm_bytes);
+  snprintf(plan.shmall, sizeof(plan.shmall), "%lld", shm_bytes / sysconf(_SC_PAGESIZE));
   int ns_flags = 0;
   if (options.userns) {
     if (options.uid >= 0 || options.gid >= 0) throw std::invalid_argument("userns runs as our own uid: no uid/gid");
-    snprintf(plan.uid_map, sizeof(plan.uid_map), "%u %u 1", getuid(), getuid());
-    snprintf(plan.gid_map, sizeof(plan.gid_map), "%u %u 1", getgid(), getgid());
-    snprintf(plan.shm_options, sizeof(plan.shm_options), "size=%lld,mode=1777",
-             std::max(1LL << 20, options.shm_bytes));
+    snprintf(plan.root_uid_map, sizeof(plan.root_uid_map), "0 %u 1", geteuid());
+    snprintf(plan.root_gid_map, sizeof(plan.root_gid_map), "0 %u 1", getegid());
+    snprintf(plan.uid_map, sizeof(plan.uid_map), "%u 0 1", geteuid());
+    snprintf(plan.gid_map, sizeof(plan.gid_map), "%u 0 1", getegid());
+    snprintf(plan.shm_options, sizeof(plan.shm_options), "size=%lld,mode=1777", shm_bytes);
     struct stat st;
     plan.have_shm = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode);
     ns_flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC;

@@ -55,7 +55,7 @@ struct SpawnOptions {
   // process it left behind is killed by the kernel.
   bool userns = false;
   std::string writable_dir;
-  long long shm_bytes = 1LL << 30;
+  long long shm_bytes = 1LL << 30;       // the private /dev/shm (userns), and SysV shared memory in a new IPC ns
 };
 constexpr int kMaxPassFds = 8;
 

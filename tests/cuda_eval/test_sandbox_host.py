@@ -64,6 +64,24 @@ def test_a_message_queue_does_not_outlive_its_candidate(sandbox_tmp):
     assert not _host_can_open(name)
 
 
+SHMGET = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+print(*[libc.shmget(0, int(size), 0o1600) >= 0 for size in sys.argv[1:]])  # IPC_PRIVATE, IPC_CREAT | 0600
+"""
+
+
+@needs_dedicated
+def test_sysv_shared_memory_is_bounded_in_the_candidates_namespace(sandbox_tmp):
+    """SysV shared memory is RAM no rlimit counts, and in the candidate's own IPC namespace the disk-quota watchdog
+    cannot see it: that namespace's shmmax/shmall are set to the sandbox's shared-memory budget."""
+    if sb.isolation()["ipc"] != "isolated":
+        pytest.skip("no IPC namespaces here: SysV IPC is swept and counted in the quota instead")
+    res = sb.run_sandboxed(py(SHMGET, str(64 << 20), str(sb.SHM_BYTES + 1)), str(sandbox_tmp / "w"), LIMITS)
+    assert res["stdout"] == b"True False\n", res
+
+
 @contextlib.contextmanager
 def _mqueue_mount():
     where = tempfile.mkdtemp(prefix="cuda_eval_test_mqueue_")
