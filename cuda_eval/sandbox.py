@@ -223,7 +223,7 @@ def _own_private_dir(path: str) -> None:
     that a sandboxed process created first would let it break the leases."""
     try:
         safe_dirs.ensure_dir(path, 0o700, what="the sandbox uid lease dir",
-                             fix=f"Remove it or chown it to root (it holds the leases of the sandbox uids)")
+                             fix="Remove it or chown it to root (it holds the leases of the sandbox uids)")
     except OSError as e:
         raise SandboxUnavailable(str(e)) from None
 

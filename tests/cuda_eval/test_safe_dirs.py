@@ -28,7 +28,7 @@ def _plant_record(directory, name: str, record: dict, canary) -> None:
     """A toolchain record whose g++ template runs a shell line in every build (what a candidate would plant)."""
     planted = json.loads(json.dumps(record))
     for template in planted["templates"].values():
-        template["cflags"] = [f"-wrapper", f"/bin/sh,-c,touch {canary}"] + template["cflags"]
+        template["cflags"] = ["-wrapper", f"/bin/sh,-c,touch {canary}"] + template["cflags"]
     os.makedirs(directory / "toolchain", exist_ok=True)
     (directory / "toolchain" / name).write_text(json.dumps(planted))
 

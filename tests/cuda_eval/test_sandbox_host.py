@@ -1,12 +1,10 @@
 """What the sandbox leaves of the host to a candidate: IPC objects, the OOM killer's choice and memory cgroups,
 the machine-wide uid leases, uids that belong to someone else, and the isolation an evaluator gets without root."""
 import contextlib
-import errno
 import json
 import logging
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -232,7 +230,8 @@ def test_uids_with_an_account_are_never_leased(monkeypatch):
     uid = next(u for u in sorted(owned) if 0 < u < 65000 and u + 1 not in owned and u + 2 not in owned)
     monkeypatch.setattr(sb.IDENTITY, "uid_base", uid)
     monkeypatch.setattr(sb.IDENTITY, "slots", 1)
-    with pytest.raises(sb.SandboxUnavailable, match=f"used by someone else \\({uid}: user '{pwd.getpwuid(uid).pw_name}'"):
+    name = pwd.getpwuid(uid).pw_name
+    with pytest.raises(sb.SandboxUnavailable, match=f"used by someone else \\({uid}: user '{name}'"):
         sb._lease_uid()
     monkeypatch.setattr(sb.IDENTITY, "slots", 2)
     for _ in range(6):
@@ -374,9 +373,10 @@ GPU_IN_NAMESPACES = """
 import os, sys
 os.environ.pop({inside!r}, None)
 from cuda_eval import sandbox as sb
-res = sb.run_sandboxed([sys.executable, "-c", "import torch; x = torch.ones(4, device='cuda'); print((2 * x).sum().item())"],
-                       os.path.join(os.getcwd(), "w"), sb.SandboxLimits(wall_timeout_s=300, address_space_bytes=None,
-                                                                        data_bytes=32 << 30, processes=4096))
+code = "import torch; x = torch.ones(4, device='cuda'); print((2 * x).sum().item())"
+res = sb.run_sandboxed([sys.executable, "-c", code], os.path.join(os.getcwd(), "w"),
+                       sb.SandboxLimits(wall_timeout_s=300, address_space_bytes=None, data_bytes=32 << 30,
+                                        processes=4096))
 print(sb.isolation()["identity"], res["stdout"].decode().strip(), res["stderr"].decode()[-3000:])
 """
 
