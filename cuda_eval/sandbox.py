@@ -1098,8 +1098,10 @@ class SandboxSession:
         thread outlives the child (it waits for it, or kills it, before it ends). pass_fds: our descriptors, handed
         over as the child's fds 3, 4, ... in order (every other descriptor is closed in the child)."""
         argv, kwargs = self._kwargs(argv, limits, cwd, extra_env)
-        # Its process group's memory cgroup (where the machine offers them), bounded like one of its processes.
-        cg = cgroups.create(limits.data_bytes or limits.address_space_bytes)
+        # Its process group's memory cgroup (where the machine offers them), bounded like one of its processes;
+        # inside a sandbox, the outer one's cgroup already holds it.
+        inside = os.environ.get(INSIDE_SANDBOX_ENV) == "1"
+        cg = None if inside else cgroups.create(limits.data_bytes or limits.address_space_bytes)
         if cg is not None:
             with self._lock:
                 self._cgroups.append(cg)
