@@ -482,7 +482,7 @@ def _unprivileged_mode() -> str:
     mode = IDENTITY.mode
     if mode not in _MODES:
         raise ValueError(f"CUDA_EVAL_SANDBOX_IDENTITY must be one of {'|'.join(_MODES)}, got {mode!r}")
-    if os.environ.get(INSIDE_SANDBOX_ENV) == "1":
+    if _inside_sandbox():
         return "same"  # the outer sandbox (a leased uid or namespaces of its own) confines what this one starts
     if mode == "dedicated":
         raise SandboxUnavailable("CUDA_EVAL_SANDBOX_IDENTITY=dedicated needs root (to switch to the sandbox uids); "
@@ -504,6 +504,21 @@ def _unprivileged_mode() -> str:
         + ". Fix one of: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or "
         "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04+); run the evaluator as root (dedicated "
         "sandbox uids); or accept the risk with EvalConfig(allow_unsandboxed=True) (CUDA_EVAL_ALLOW_UNSANDBOXED=1)")
+
+
+def _inside_sandbox() -> bool:
+    """True in a process started by a sandbox: the marker in its environment, and a uid that only a sandbox gives
+    (one without an account: the leased uids have none) or a user namespace (the non-root sandbox's). A user who
+    exported the marker by mistake still gets a sandbox."""
+    if os.environ.get(INSIDE_SANDBOX_ENV) != "1":
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            if f.read().split() != ["0", "0", "4294967295"]:
+                return True
+    except OSError:
+        pass
+    return _account_of(os.getuid()) is None
 
 
 _unsandboxed_noted: list[bool] = []
@@ -1100,8 +1115,8 @@ class SandboxSession:
         argv, kwargs = self._kwargs(argv, limits, cwd, extra_env)
         # Its process group's memory cgroup (where the machine offers them), bounded like one of its processes;
         # inside a sandbox, the outer one's cgroup already holds it.
-        inside = os.environ.get(INSIDE_SANDBOX_ENV) == "1"
-        cg = None if inside else cgroups.create(limits.data_bytes or limits.address_space_bytes)
+        cg = None if self.mode == "same" and _inside_sandbox() else \
+            cgroups.create(limits.data_bytes or limits.address_space_bytes)
         if cg is not None:
             with self._lock:
                 self._cgroups.append(cg)
