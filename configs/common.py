@@ -47,7 +47,7 @@ def defaults() -> ConfigDict:
         mode="auto", device_type="cuda", devices="all", cpu_workers=1, cpu_threads=1, compile_workers=0, arch="auto",
         cache_dir="", cache_max_bytes=20 << 30, record_timeout_s=120.0, compile_timeout_s=300.0, max_log_chars=4000,
         run_timeout_s=180.0, worker_start_timeout_s=180.0, spare_workers=0, run_dir="", worker_memory_bytes=32 << 30,
-        num_correct_trials=5,
+        sandbox_uids="60000-60999", allow_unsandboxed=False, num_correct_trials=5,
         atol=1e-2, rtol=1e-2, strict=False, seed=42, timing_method="gated", timing_target_s=0.25,
         timing_warmup_s=0.03, timing_min_reps=20, timing_max_reps=200, timing_input_sets=4, timing_inputs_max_bytes=4 << 30,
         ref_compile=False, ref_timing_cache=True, ref_timing_cache_dir="", static_policy="auto",

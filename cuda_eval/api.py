@@ -56,8 +56,13 @@ class EvalConfig:
     worker_start_timeout_s: float = 180.0
     spare_workers: int = 0              # pre-started workers kept per device; 0 = auto (auto_spare_workers)
     run_dir: str = ""                   # worker directories ("" = a temporary directory)
-    worker_memory_bytes: int = 32 << 30  # host memory of a judge/worker process (RLIMIT_DATA; GPU memory is not
-                                         # counted); 0 = no limit
+    worker_memory_bytes: int = 32 << 30  # host memory of a judge/worker process (RLIMIT_DATA and, where the
+                                         # machine offers one, its memory cgroup; GPU memory is not counted); 0 = none
+    # the sandbox (docs/EVALUATOR.md, "Sandbox")
+    sandbox_uids: str = "60000-60999"   # as root: the dedicated uids candidates run as (inclusive); a uid is used
+                                        # only if no account, process or file has it
+    allow_unsandboxed: bool = False     # not root and no user namespaces: run candidates as our own uid (with a
+                                        # warning) instead of refusing
     # correctness
     num_correct_trials: int = 5
     atol: float = 1e-2
@@ -113,6 +118,11 @@ class EvalConfig:
             raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
         if self.worker_memory_bytes < 0:
             raise ValueError("EvalConfig.worker_memory_bytes must be >= 0 (0 = no limit)")
+        from cuda_eval.sandbox import parse_uid_range
+        try:
+            parse_uid_range(self.sandbox_uids)
+        except ValueError as e:
+            raise ValueError(f"EvalConfig.sandbox_uids: {e}") from None
 
 
 def _usable_cpus() -> int:
@@ -294,6 +304,8 @@ class Evaluator:
 
     def __init__(self, config: EvalConfig | None = None, *, compile_pool=None, gpu_pool=None):
         self.config = config = config or EvalConfig()
+        from cuda_eval import sandbox
+        sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
         n_gpus = visible_gpu_count() if config.device_type == "cuda" else 0
         if config.mode == "auto":
             self.mode = "full" if (config.device_type == "cpu" or n_gpus > 0) else "compile_only"

@@ -29,6 +29,8 @@ import time
 import uuid
 from collections.abc import Mapping
 
+from cuda_eval import safe_dirs
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheEntry:
@@ -53,20 +55,18 @@ class BuildCache:
         self.evict_interval_s = float(evict_interval_s)
         self._last_evict = 0.0
         self.private = private
-        for sub in ("entries", "tmp", "trash"):
-            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         # Sandboxed GPU workers (another uid) must reach entries whose key they were given, and nothing more:
-        # entries/ and its prefix dirs are traversable, not listable; staging and trash are ours alone.
+        # entries/ and its prefix dirs are traversable, not listable; staging and trash are ours alone. Every one
+        # ours (safe_dirs): one that someone else made first, or a link, is refused, never chmod'ed or renamed into.
         entries = os.path.join(self.root, "entries")
         modes = {self.root: 0o700 if private else 0o755, entries: 0o711, os.path.join(self.root, "tmp"): 0o700,
                  os.path.join(self.root, "trash"): 0o700}
-        modes.update({e.path: 0o711 for e in os.scandir(entries) if e.is_dir(follow_symlinks=False)})
         for d, mode in modes.items():
-            try:
-                if stat.S_IMODE(os.lstat(d).st_mode) != mode:
-                    os.chmod(d, mode)
-            except PermissionError:  # a cache dir created by someone else (e.g. read from a sandbox): leave it
-                pass
+            safe_dirs.ensure_dir(d, mode, what="the build cache", fix=safe_dirs.fix_hint(
+                "CompileConfig.cache_dir / $CUDA_EVAL_CACHE_DIR"))
+        for e in os.scandir(entries):
+            if e.is_dir(follow_symlinks=False):
+                safe_dirs.ensure_dir(e.path, 0o711, what="a build cache prefix dir")
 
     # --- reading --------------------------------------------------------------------------------------------------
     def entry_dir(self, key: str) -> str:
@@ -111,8 +111,7 @@ class BuildCache:
                 json.dump(full_meta, f, sort_keys=True)
             os.chmod(os.path.join(tmp, "meta.json"), 0o644)
             os.chmod(tmp, 0o755)
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.chmod(os.path.dirname(final), 0o711)
+            safe_dirs.ensure_dir(os.path.dirname(final), 0o711, what="a build cache prefix dir")
             try:
                 os.rename(tmp, final)
             except OSError as e:

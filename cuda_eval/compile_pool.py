@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 
-from cuda_eval import flag_policy
+from cuda_eval import flag_policy, safe_dirs
 from cuda_eval import sandbox as sb
 from cuda_eval import toolchain as tcmod
 from cuda_eval.build import COMPILE_NICE, Builder, BuildConfig, BuildResult, PchStore, pch_flags
@@ -131,8 +131,13 @@ class CompilePool:
         self.config = config
         self.cache_dir = config.resolved_cache_dir()
         self.work_root = config.resolved_work_root()
-        os.makedirs(self.work_root, exist_ok=True)
-        os.chmod(self.work_root, 0o711)  # sandbox uids reach their own dirs, cannot list others'
+        # Both are written by us (often root) and trusted: a directory someone else created first (a candidate,
+        # before the first evaluator ran on this machine) is refused, never adopted (safe_dirs).
+        safe_dirs.ensure_dir(self.cache_dir, 0o755, what="the build cache dir",
+                             fix=safe_dirs.fix_hint("CompileConfig.cache_dir / $CUDA_EVAL_CACHE_DIR"))
+        # sandbox uids reach their own dirs, cannot list others'
+        safe_dirs.ensure_dir(self.work_root, 0o711, what="the compile work root",
+                             fix=safe_dirs.fix_hint("CompileConfig.work_root"))
         self.cache = BuildCache(os.path.join(self.cache_dir, "builds"), config.cache_max_bytes)
         # Recorded specs hold candidates' sources: a store only we can read (the builds cache is sandbox-readable).
         self.records = BuildCache(os.path.join(self.cache_dir, "records"), config.record_cache_max_bytes,

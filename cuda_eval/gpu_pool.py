@@ -25,6 +25,7 @@ import fcntl
 import itertools
 import os
 import queue
+import re
 import shutil
 import logging
 import socket
@@ -35,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from cuda_eval import channel
+from cuda_eval import channel, safe_dirs
 from cuda_eval.channel import ChannelError
 
 log = logging.getLogger(__name__)
@@ -137,9 +138,13 @@ class GpuPool:
         self._spawn = spawn or default_spawn
         self._limits = limits or default_limits
         self._own_run_dir = config.run_dir is None
-        self.run_dir = config.run_dir or tempfile.mkdtemp(prefix="cuda_eval_workers_")
-        os.makedirs(self.run_dir, exist_ok=True)
+        if config.run_dir:  # ours alone (safe_dirs): workers' dirs are created and deleted in it as root
+            self.run_dir = safe_dirs.ensure_dir(config.run_dir, 0o711, what="the worker run dir",
+                                                fix=safe_dirs.fix_hint("EvalConfig.run_dir"))
+        else:
+            self.run_dir = tempfile.mkdtemp(prefix="cuda_eval_workers_")
         os.chmod(self.run_dir, 0o711)  # sandbox uids reach their own dirs, cannot list the others
+        self._run_dir_lock = _claim_run_dir(self.run_dir)
         self._queue: queue.Queue = queue.Queue()
         self._counter = itertools.count()
         self._info: dict | None = None
@@ -176,6 +181,7 @@ class GpuPool:
             t.join()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.close(self._run_dir_lock)
 
     def __enter__(self):
         return self
@@ -401,6 +407,36 @@ class GpuPool:
         else:
             outcome.result = verdict
         return outcome
+
+
+class RunDirInUse(RuntimeError):
+    """Another evaluator's pool is using this run dir."""
+
+
+_WORKDIR_NAME = re.compile(r"(dev|judge).*-[0-9]+")  # what _workdir names them
+
+
+def _claim_run_dir(run_dir: str) -> int:
+    """An exclusive flock on <run_dir>/.pool.lock for the pool's lifetime (the descriptor): two pools in one run dir
+    would create and delete each other's worker dirs. Worker dirs left there by a pool that died are removed."""
+    fd = os.open(os.path.join(run_dir, ".pool.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirInUse(f"the run dir {run_dir} is in use by another evaluator (pid {holder}): two evaluators "
+                          "cannot share one (each creates and removes its workers' directories there). Give each "
+                          "its own EvalConfig.run_dir, or leave it empty for a temporary one") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    for e in os.scandir(run_dir):
+        if _WORKDIR_NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path, ignore_errors=True)
+    return fd
 
 
 class JudgeFailed(RuntimeError):

@@ -13,6 +13,8 @@ import json
 import os
 import threading
 
+from cuda_eval import safe_dirs
+
 
 def task_hash(task_source: str) -> str:
     """Content hash of a task program, insensitive to line endings and trailing whitespace."""
@@ -24,6 +26,9 @@ class ReferenceTimingCache:
     def __init__(self, directory: str | None):
         """`directory=None` keeps the cache in memory only (this process)."""
         self.directory = os.path.expanduser(directory) if directory else None
+        if self.directory:  # the reference time enters every speedup: only a directory nobody else can write
+            safe_dirs.ensure_dir(self.directory, 0o700, what="the reference-timing cache",
+                                 fix=safe_dirs.fix_hint("EvalConfig.ref_timing_cache_dir"))
         self._memory: dict[str, dict[str, dict]] = {}
         self._lock = threading.Lock()
 
@@ -50,7 +55,7 @@ class ReferenceTimingCache:
         if not self.directory:
             return
         path = self._path(digest)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        safe_dirs.ensure_dir(os.path.dirname(path), 0o700, what="the reference-timing cache")
         with open(path + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current: dict = {}

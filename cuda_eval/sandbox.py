@@ -1,25 +1,38 @@
 """Python face of the native sandboxed runner (cuda_eval._native.run / spawn).
 
-What a sandboxed process gets:
+What every sandboxed process gets:
 - its own session and process group, rlimits (`SandboxLimits`), a wall-clock timeout after which the whole group is
   killed, stdout/stderr captured up to a byte cap, stdin from a pipe (closed at once by run() unless given);
 - an environment built from an allow-list (`DEFAULT_ENV_ALLOW`) plus HOME/TMPDIR = its work dir, the directory that
   holds this package on PYTHONPATH, and whatever the caller adds (`extra_env`);
-- when we run as root (the GPU machine, CI): a dedicated unprivileged uid/gid leased for the process' lifetime
-  (`uid_base + slot`, no /etc/passwd entry needed; leases are flock'ed files, so concurrent evaluators on one machine
-  never share a uid). RLIMIT_NPROC is then enforced (it is not for root: a fork bomb would take the machine down),
-  the uid cannot write anywhere but its work dir and the world-writable dirs (`world_writable_dirs()`: /tmp,
-  /var/tmp, /dev/shm, /run/lock, ... found at first use; swept of its files when its lease ends), "kill every process
-  of this uid" also ends setsid'ed escapees, and it gets an empty network namespace (no network, not even loopback)
-  when the kernel lets us create one. What the uid cannot read (an interpreter under /root, a clone in a private
-  folder with its .venv) is staged for it (sandbox_runtime.py). Fail closed: if a dedicated uid still cannot be used,
-  or CUDA_EVAL_SANDBOX_IDENTITY=same is asked for, nothing runs (`SandboxUnavailable`); candidates never run as root;
-- when we are not root: our own uid, RLIMIT_NPROC = our current task count + `limits.processes`. The boundary is then
-  weaker: the candidate can read and write whatever we can, signal our processes, reach the network, and processes it
-  setsid's away from its group are not swept;
+- oom_score_adj 1000 (under host memory pressure the kernel kills it before the trainer) and, where the machine
+  offers one, a memory cgroup of its own bounded like one of its processes (cgroups.py);
 - a disk quota per session (`SandboxLimits.disk_bytes`): a watchdog thread adds up the session's work dir, the uid's
   files in the world-writable dirs, files its processes hold open after deleting them and its SysV shared memory,
   and kills the session's processes when the total passes the quota (the result then has disk_quota_exceeded=True).
+
+Its identity (IdentityConfig, set by `configure()`; `isolation()` reports what is in force):
+- as root ("dedicated"): a dedicated unprivileged uid/gid leased for the process' lifetime (a configurable range,
+  60000-60999 by default, no /etc/passwd entry needed). Leases are flock'ed files in one root-owned directory for the
+  whole machine (LEASE_DIR), so concurrent evaluators never share a uid, and a uid is leased only if the system's
+  user database has no user or group with it and, the first time since boot, no process, file or IPC object uses
+  it. RLIMIT_NPROC then holds (not for root: a fork bomb would take the machine down), the uid cannot write
+  anywhere but its work dir and the world-writable dirs (`world_writable_dirs()`: /tmp, /var/tmp, /dev/shm,
+  /run/lock, ... found at first use; swept of its files when its lease ends), "kill every process of this uid" also
+  ends setsid'ed escapees, it gets an empty network namespace (no network, not even loopback) and an IPC namespace of
+  its own (its SysV IPC and POSIX message queues die with it) when the kernel lets us create them (else message
+  queues are refused to it and its IPC objects swept). What the uid cannot read (an interpreter under /root, a clone
+  in a private folder with its .venv) is staged for it (sandbox_runtime.py). Fail closed: if a dedicated uid cannot be
+  used, nothing runs (`SandboxUnavailable`); candidates never run as root;
+- not root ("namespaces", where the kernel gives unprivileged processes user namespaces): our own uid, in new user,
+  mount, PID, network and IPC namespaces: every mount read-only except its work dir, a /proc that shows its own
+  processes only (ours, the trainer's included, can be neither seen nor signalled), a private /dev/shm, no network.
+  It is PID 1 of its namespace, so everything it starts dies with it. It can still read what our uid can read;
+- not root, without user namespaces: refused (`SandboxUnavailable`, saying what isolation would be lost) unless the
+  user opts in (`allow_unsandboxed`, CUDA_EVAL_ALLOW_UNSANDBOXED=1): then our own uid, RLIMIT_NPROC = our current
+  task count + `limits.processes`, and the candidate can read and write whatever we can, signal our processes, reach
+  the network, and processes it setsid's away from its group are not swept. Sandboxes started from inside a
+  sandboxed process (a worker's run-time build) run as that process, confined by the outer sandbox.
 
 Results are dicts with the keys of the native runner (exit_code, signal, timed_out, wall_s, cpu_s, peak_rss_bytes,
 stdout, stderr, stdout_truncated, stderr_truncated) plus `uid` (None = ours), `workdir` and `disk_quota_exceeded`.
@@ -38,13 +51,14 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cuda_eval import _native
-from cuda_eval import sandbox_runtime
+from cuda_eval import cgroups, safe_dirs, sandbox_runtime
 from cuda_eval.sandbox_runtime import RuntimeView, runtime_view, why_unreadable
 
 log = logging.getLogger(__name__)
@@ -104,24 +118,76 @@ class SandboxLimits:
 
 
 # --- identities -----------------------------------------------------------------------------------------------
+DEFAULT_UID_RANGE = (60000, 60999)
+# Machine-wide: every evaluator on this host leases its sandbox uids here, whatever else it is configured with
+# (/run is root's and cleared at boot; a lease file that is not empty records "leased by cuda_eval since boot").
+LEASE_DIR = "/run/cuda_eval/sandbox_uids"
+OOM_SCORE_ADJ = 1000          # sandboxed processes are the OOM killer's first pick, never the trainer
+SHM_BYTES = 1 << 30           # the private /dev/shm of a process isolated by namespaces (tmpfs: host RAM)
+# Set in every sandboxed process' environment: sandboxes started from inside one (a worker's run-time build) run as
+# that process' own identity, confined by the outer sandbox.
+INSIDE_SANDBOX_ENV = "CUDA_EVAL_INSIDE_SANDBOX"
+_ACCOUNT_TTL_S = 300.0        # how long a user-database answer is reused
+
+
 @dataclasses.dataclass
 class IdentityConfig:
-    """How sandboxed processes get their uid. `mode`: "auto" (a dedicated uid when root, else ours), "dedicated" (a
-    dedicated uid, or SandboxUnavailable when not root), "same" (ours; refused as root: candidates would be root)."""
+    """How sandboxed processes are isolated (process-wide; `configure()` sets it, the Evaluator from EvalConfig).
+    `mode`: "auto" (root: "dedicated"; otherwise "namespaces" where the kernel allows it, else refuse unless
+    allow_unsandboxed), "dedicated" (a leased uid; needs root), "namespaces" (user, mount, PID, network and IPC
+    namespaces; no root needed), "same" (our own uid, no isolation: an explicit opt-in; refused as root).
+    uid_base/slots: the range of dedicated uids. allow_unsandboxed: without root and without namespaces, run
+    candidates as our own uid (with a warning) instead of refusing."""
     mode: str = os.environ.get("CUDA_EVAL_SANDBOX_IDENTITY", "auto")
-    uid_base: int = int(os.environ.get("CUDA_EVAL_SANDBOX_UID_BASE", "60000"))
-    slots: int = int(os.environ.get("CUDA_EVAL_SANDBOX_UID_SLOTS", "1000"))
-    lock_dir: str = os.environ.get("CUDA_EVAL_SANDBOX_LOCK_DIR", "/tmp/cuda_eval_sandbox_uids")
+    uid_base: int = DEFAULT_UID_RANGE[0]
+    slots: int = DEFAULT_UID_RANGE[1] - DEFAULT_UID_RANGE[0] + 1
+    allow_unsandboxed: bool = os.environ.get("CUDA_EVAL_ALLOW_UNSANDBOXED", "") == "1"
 
 
 IDENTITY = IdentityConfig()
 _identity_lock = threading.Lock()
 _probe_result: list = []  # [None (ok) or why not], once per process: all slot uids see the same permissions
-_netns_result: list = []  # [None (a network namespace works) or why not], once per process
+_ns_results: dict[str, str | None] = {}  # "net" / "ipc" / "user": None (works) or why not, once per process
+_accounts: dict[int, tuple[float, str | None]] = {}  # uid -> (when looked up, account/group using it or None)
+_skip_noted: set[int] = set()
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """"60000-60999" -> (60000, 60999): the inclusive range of dedicated sandbox uids. ValueError if malformed."""
+    first, sep, last = str(text).strip().partition("-")
+    try:
+        lo, hi = int(first), int(last)
+    except ValueError:
+        raise ValueError(f"sandbox uid range {text!r}: expected FIRST-LAST, e.g. 60000-60999") from None
+    if not sep or lo < 1 or hi < lo or hi >= (1 << 31) - 1:
+        raise ValueError(f"sandbox uid range {text!r}: expected FIRST-LAST with 1 <= FIRST <= LAST < 2**31-1")
+    if hi - lo >= 1 << 20:
+        raise ValueError(f"sandbox uid range {text!r}: at most {1 << 20} uids")
+    if lo <= 65534 <= hi or lo <= 65535 <= hi:
+        raise ValueError(f"sandbox uid range {text!r} contains 65534/65535 (nobody, the 16-bit -1)")
+    return lo, hi
+
+
+def configure(*, uid_range: str | tuple[int, int] | None = None, allow_unsandboxed: bool | None = None,
+              mode: str | None = None) -> None:
+    """Set how this process sandboxes candidates (see IdentityConfig). Called by the Evaluator with its config;
+    validated here."""
+    if uid_range is not None:
+        lo, hi = parse_uid_range(uid_range if isinstance(uid_range, str) else f"{uid_range[0]}-{uid_range[1]}")
+        IDENTITY.uid_base, IDENTITY.slots = lo, hi - lo + 1
+    if allow_unsandboxed is not None:
+        IDENTITY.allow_unsandboxed = bool(allow_unsandboxed)
+    if mode is not None:
+        if mode not in _MODES:
+            raise ValueError(f"sandbox identity mode must be one of {_MODES}, got {mode!r}")
+        IDENTITY.mode = mode
+
+
+_MODES = ("auto", "dedicated", "namespaces", "same")
 
 
 class _Lease:
-    """One leased uid/gid: an flock on <lock_dir>/<uid>.lock held while a sandboxed process uses the uid."""
+    """One leased uid/gid: an flock on LEASE_DIR/<uid>.lock held while a sandboxed process uses the uid."""
 
     def __init__(self, uid: int, fd: int):
         self.uid, self.gid, self._fd = uid, uid, fd
@@ -144,47 +210,148 @@ class _Lease:
 
 
 def _clean_uid(uid: int) -> None:
-    """Everything a uid may leave behind: its processes, its files in the world-writable dirs, its SysV IPC."""
+    """Everything a uid may leave behind: its processes, its files in the world-writable dirs, its SysV IPC and
+    POSIX message queues (where it had no IPC namespace of its own)."""
     _native.kill_uid(uid)
     _sweep_world_writable(uid)
     _remove_sysv_ipc(uid)
+    _remove_mqueues(uid)
 
 
 def _own_private_dir(path: str) -> None:
-    """Create `path` (0700) or accept it only if it is ours and nobody else can write to it: a lock dir that a
-    sandboxed process created first would let it break the leases."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise SandboxUnavailable(f"{path} must be a directory owned by uid {os.geteuid()} and writable only by it "
-                                 "(it holds the sandbox uid leases); remove it or set CUDA_EVAL_SANDBOX_LOCK_DIR")
+    """Create `path` (0700) or accept it only if it and every directory above it are safe (safe_dirs): a lease dir
+    that a sandboxed process created first would let it break the leases."""
+    try:
+        safe_dirs.ensure_dir(path, 0o700, what="the sandbox uid lease dir",
+                             fix="Remove it or chown it to root (it holds the leases of the sandbox uids)")
+    except OSError as e:
+        raise SandboxUnavailable(str(e)) from None
+
+
+def _account_of(uid: int) -> str | None:
+    """The user or group that owns `uid` in the system's user database (NSS: files, LDAP, sssd, systemd...), or
+    None. A sandbox uid with an account could be someone's: its processes would be killed and its files deleted."""
+    now = time.monotonic()
+    hit = _accounts.get(uid)
+    if hit is not None and now - hit[0] < _ACCOUNT_TTL_S:
+        return hit[1]
+    import grp
+    import pwd
+    why = None
+    try:
+        why = f"user {pwd.getpwuid(uid).pw_name!r}"
+    except KeyError:
+        try:
+            why = f"group {grp.getgrgid(uid).gr_name!r}"  # the sandbox gid is the uid: it would get that group's access
+        except KeyError:
+            pass
+    _accounts[uid] = (now, why)
+    return why
+
+
+def _foreign_use(uid: int) -> str | None:
+    """What else uses `uid` (a process, a file in the swept places, an IPC object), or None. Asked of a uid not
+    leased by cuda_eval since boot: whatever it finds belongs to someone else and must not be killed or deleted."""
+    pids = _uid_pids(uid)
+    if pids:
+        return f"process {pids[0]} runs as it"
+    for kind in ("shm", "sem", "msg"):
+        if _sysv_ipc(kind, uid):
+            return f"it owns SysV IPC objects ({kind})"
+    for d in _mqueue_mounts():
+        found = _first_owned(d, uid, 0)
+        if found:
+            return f"it owns the message queue {found}"
+    for d in world_writable_dirs():
+        found = _first_owned(d, uid, 0)
+        if found:
+            return f"it owns {found}"
+    return None
+
+
+def _first_owned(path: str, uid: int, depth: int) -> str | None:
+    """The first entry owned by `uid` under `path` (following only world-writable subdirs, like the sweep)."""
+    fd = _open_dir(path, None)
+    if fd is None:
+        return None
+    try:
+        names = [e.name for e in os.scandir(fd)]
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_uid == uid:
+                return os.path.join(path, name)
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and depth < _SWEEP_DEPTH:
+                found = _first_owned(os.path.join(path, name), uid, depth + 1)
+                if found:
+                    return found
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return None
+
+
+_LEASED_MARK = b"leased by cuda_eval\n"
 
 
 def _lease_uid() -> _Lease:
+    """A uid of IDENTITY's range that no other evaluator on this machine holds (flock in LEASE_DIR) and that nobody
+    else uses: no account or group in the user database; and, the first time it is leased since boot, no process,
+    file or IPC object of it (later leases find only what a crashed evaluator of ours left behind, and clean it)."""
     cfg = IDENTITY
-    _own_private_dir(cfg.lock_dir)
+    _own_private_dir(LEASE_DIR)
     start = random.randrange(cfg.slots)
+    busy, foreign = 0, {}
     for _ in range(2):
+        busy, foreign = 0, {}
         for i in range(cfg.slots):
             uid = cfg.uid_base + (start + i) % cfg.slots
-            fd = os.open(os.path.join(cfg.lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            why = _account_of(uid)
+            if why:
+                foreign[uid] = why
+                continue
+            fd = os.open(os.path.join(LEASE_DIR, f"{uid}.lock"),
+                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    busy += 1
                     continue
                 raise
-            # A previous owner may have crashed and left processes or files behind.
             try:
-                _clean_uid(uid)
+                if os.fstat(fd).st_size:
+                    _clean_uid(uid)  # a previous lease of ours may have crashed and left processes or files
+                else:
+                    why = _foreign_use(uid)
+                    if why:
+                        os.close(fd)
+                        foreign[uid] = why
+                        if uid not in _skip_noted:
+                            _skip_noted.add(uid)
+                            log.warning("sandbox uid %d is skipped: %s (not ours: it is neither killed nor swept)",
+                                        uid, why)
+                        continue
+                    os.pwrite(fd, _LEASED_MARK, 0)
             except BaseException:
-                os.close(fd)
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
                 raise
             return _Lease(uid, fd)
         time.sleep(0.05)
-    raise RuntimeError(f"all {cfg.slots} sandbox uids ({cfg.uid_base}..) are in use; raise "
-                       "CUDA_EVAL_SANDBOX_UID_SLOTS")
+    last = cfg.uid_base + cfg.slots - 1
+    examples = "; ".join(f"{u}: {w}" for u, w in list(foreign.items())[:3])
+    raise SandboxUnavailable(
+        f"no sandbox uid is free in {cfg.uid_base}-{last}: {busy} leased by running evaluators, {len(foreign)} used "
+        f"by someone else{' (' + examples + ')' if examples else ''}. Widen or move the range "
+        "(EvalConfig.sandbox_uids) to uids that no account, process or file uses")
 
 
 _PROBE = """\
@@ -241,23 +408,47 @@ def _probe_uid(uid: int, view: RuntimeView) -> str | None:
     return why
 
 
-def _probe_netns(uid: int) -> str | None:
-    """None if a sandboxed process can get a network namespace of its own (needs CAP_SYS_ADMIN); else why not."""
+_NS_WHAT = {"net": "a network namespace", "ipc": "an IPC namespace",
+            "user": "user, mount, PID, network and IPC namespaces"}
+
+
+def _probe_namespace(kind: str, uid: int | None) -> str | None:
+    """None if a sandboxed process can get `kind` namespaces ("net", "ipc": need CAP_SYS_ADMIN, run as `uid`;
+    "user": the unprivileged set, as ourselves); else why not. Once per process."""
     with _identity_lock:
-        if _netns_result:
-            return _netns_result[0]
+        if kind in _ns_results:
+            return _ns_results[kind]
+    kwargs: dict[str, Any] = {"uid": uid, "gid": uid}
+    scratch = None
+    if kind == "net":
+        kwargs["new_netns"] = True
+    elif kind == "ipc":
+        kwargs["new_ipcns"] = True
+    else:
+        scratch = tempfile.mkdtemp(prefix="cuda_eval_nsprobe_")
+        kwargs = {"userns": True, "writable_dir": scratch}
     try:
         res = _native.run(["true"], env={"PATH": "/usr/bin:/bin"}, cwd="/", timeout_s=30, limits={},
-                          output_cap_bytes=4096, uid=uid, gid=uid, new_netns=True)
-        why = None if res["exit_code"] == 0 else f"`true` in a new network namespace exited with {res['exit_code']}"
+                          output_cap_bytes=4096, **kwargs)
+        why = None if res["exit_code"] == 0 else f"`true` in {_NS_WHAT[kind]} exited with {res['exit_code']}"
     except RuntimeError as e:
         why = str(e)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     with _identity_lock:
-        first = not _netns_result
-        _netns_result[:] = [why]
-    if why and first:
+        first = kind not in _ns_results
+        _ns_results[kind] = why
+    if why and first and kind == "net":
         log.warning("sandboxed processes keep the host's network: a network namespace cannot be created (%s)", why)
+    if why and first and kind == "ipc":
+        log.warning("sandboxed processes share the host's IPC namespace: one cannot be created (%s); POSIX message "
+                    "queues are then refused to them (RLIMIT_MSGQUEUE 0) and their SysV IPC swept", why)
     return why
+
+
+def _probe_netns(uid: int) -> str | None:
+    return _probe_namespace("net", uid)
 
 
 def _unavailable(why: str) -> SandboxUnavailable:
@@ -278,18 +469,78 @@ def _unavailable(why: str) -> SandboxUnavailable:
         "(weaker isolation). Candidates are never run as root.")
 
 
-def _acquire_identity() -> _Lease | None:
-    """A dedicated uid lease, or None (run as ourselves: only when we are not root), following IDENTITY.mode."""
+# What a candidate can do when it runs as our own uid with no namespace (docs/EVALUATOR.md, "Sandbox").
+UNSANDBOXED_LOSSES = ("it can read, change and delete every file our uid can (checkpoints, keys, the caches)",
+                      "it can signal, ptrace and read the memory of our processes (the trainer included)",
+                      "it can reach the network",
+                      "processes it detaches from its group outlive it, and its temp files are not swept")
+
+
+def _unprivileged_mode() -> str:
+    """"namespaces" or "same" for a process that is not root, following IDENTITY; SandboxUnavailable where neither
+    is allowed."""
     mode = IDENTITY.mode
-    if mode not in ("auto", "dedicated", "same"):
-        raise ValueError(f"CUDA_EVAL_SANDBOX_IDENTITY must be auto|dedicated|same, got {mode!r}")
-    if os.geteuid() != 0:
-        if mode == "dedicated":
-            raise SandboxUnavailable("CUDA_EVAL_SANDBOX_IDENTITY=dedicated needs root (to switch to the sandbox "
-                                     "uids); unset it to run candidates as our own uid")
-        return None
+    if mode not in _MODES:
+        raise ValueError(f"CUDA_EVAL_SANDBOX_IDENTITY must be one of {'|'.join(_MODES)}, got {mode!r}")
+    if _inside_sandbox():
+        return "same"  # the outer sandbox (a leased uid or namespaces of its own) confines what this one starts
+    if mode == "dedicated":
+        raise SandboxUnavailable("CUDA_EVAL_SANDBOX_IDENTITY=dedicated needs root (to switch to the sandbox uids); "
+                                 "unset it to isolate candidates with user namespaces instead")
     if mode == "same":
-        raise SandboxUnavailable("CUDA_EVAL_SANDBOX_IDENTITY=same is refused as root: candidates would run as "
+        _note_unsandboxed("CUDA_EVAL_SANDBOX_IDENTITY=same")
+        return "same"
+    why = _probe_namespace("user", None)
+    if why is None:
+        return "namespaces"
+    if mode == "namespaces":
+        raise SandboxUnavailable(f"user namespaces cannot be used here: {why}")
+    if IDENTITY.allow_unsandboxed:
+        _note_unsandboxed(f"allow_unsandboxed (user namespaces do not work here: {why})")
+        return "same"
+    raise SandboxUnavailable(
+        f"refusing to run candidates: we are not root and this kernel does not give an unprivileged process user "
+        f"namespaces ({why}). Unsandboxed, a candidate runs as our own uid: " + "; ".join(UNSANDBOXED_LOSSES)
+        + ". Fix one of: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or "
+        "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04+); run the evaluator as root (dedicated "
+        "sandbox uids); or accept the risk with EvalConfig(allow_unsandboxed=True) (CUDA_EVAL_ALLOW_UNSANDBOXED=1)")
+
+
+def _inside_sandbox() -> bool:
+    """True in a process started by a sandbox: the marker in its environment, and a uid that only a sandbox gives
+    (one without an account: the leased uids have none) or a user namespace (the non-root sandbox's). A user who
+    exported the marker by mistake still gets a sandbox."""
+    if os.environ.get(INSIDE_SANDBOX_ENV) != "1":
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            if f.read().split() != ["0", "0", "4294967295"]:
+                return True
+    except OSError:
+        pass
+    return _account_of(os.getuid()) is None
+
+
+_unsandboxed_noted: list[bool] = []
+
+
+def _note_unsandboxed(reason: str) -> None:
+    with _identity_lock:
+        if _unsandboxed_noted:
+            return
+        _unsandboxed_noted.append(True)
+    log.warning("candidates run UNSANDBOXED as uid %d (%s): %s", os.getuid(), reason, "; ".join(UNSANDBOXED_LOSSES))
+
+
+def _acquire_identity() -> _Lease | None:
+    """A dedicated uid lease as root, None otherwise (then _unprivileged_mode() says how), following IDENTITY."""
+    mode = IDENTITY.mode
+    if mode not in _MODES:
+        raise ValueError(f"CUDA_EVAL_SANDBOX_IDENTITY must be one of {'|'.join(_MODES)}, got {mode!r}")
+    if os.geteuid() != 0:
+        return None
+    if mode in ("same", "namespaces"):
+        raise SandboxUnavailable(f"CUDA_EVAL_SANDBOX_IDENTITY={mode} is refused as root: candidates would run as "
                                  "root. Unset it (dedicated sandbox uids) or run the evaluator as an unprivileged "
                                  "user")
     lease = _lease_uid()
@@ -308,32 +559,57 @@ def _acquire_identity() -> _Lease | None:
 
 
 def identity_mode() -> str:
-    """"dedicated" if sandboxed processes run under leased uids, "same" (ours) when we are not root. Raises
-    SandboxUnavailable as root when no dedicated uid can be used (nothing would run)."""
+    """"dedicated" (leased uids, as root), "namespaces" (not root: user namespaces) or "same" (not root, our own uid:
+    only inside a sandbox or when opted in). Raises SandboxUnavailable when candidates cannot be run safely and
+    nobody opted in (nothing would run)."""
     lease = _acquire_identity()
     if lease is None:
-        return "same"
+        return _unprivileged_mode()
     lease.release()
     return "dedicated"
 
 
 def isolation() -> dict[str, Any]:
-    """What sandboxed processes get here, for logs and docs: identity ("dedicated" | "same"), uid range, network
-    ("isolated": an empty namespace | "shared": the host's), why the network is shared, what was staged for the
-    uid, the swept world-writable dirs and the default disk quota. Raises SandboxUnavailable like identity_mode()."""
+    """What sandboxed processes get here, for logs and docs: identity ("dedicated" | "namespaces" | "same"), uid
+    range, network ("isolated": an empty namespace | "shared": the host's) and why, ipc ("isolated" | "swept": no
+    namespace, message queues refused and SysV IPC swept | "shared"), pid and filesystem isolation, the memory
+    cgroup (None and why where there is none), oom_score_adj, what was staged for the uid, the swept world-writable
+    dirs, the default disk quota and `lost`: what a candidate can do here that the full sandbox prevents. Raises
+    SandboxUnavailable like identity_mode()."""
     lease = _acquire_identity()
     try:
-        if lease is None:
-            net_why = "not root: a network namespace needs CAP_SYS_ADMIN"
-        else:
+        mode = "dedicated" if lease is not None else _unprivileged_mode()
+        if mode == "dedicated":
             net_why = _probe_netns(lease.uid)
+            ipc_why = _probe_namespace("ipc", lease.uid)
+        elif mode == "namespaces":
+            net_why = ipc_why = None
+        else:
+            net_why = ipc_why = "our own uid, no namespaces"
         cfg = IDENTITY
-        return {"identity": "same" if lease is None else "dedicated",
+        lost = []
+        if mode == "same":
+            lost += list(UNSANDBOXED_LOSSES)
+        elif net_why:
+            lost.append("it can reach the network")
+        if mode == "namespaces":
+            lost.append("it can read (not write) every file our uid can")
+        cg_why = cgroups.available()
+        return {"identity": mode,
                 "uid_range": None if lease is None else [cfg.uid_base, cfg.uid_base + cfg.slots - 1],
                 "network": "shared" if net_why else "isolated", "network_note": net_why,
+                "ipc": "isolated" if not ipc_why else ("swept" if mode == "dedicated" else "shared"),
+                "ipc_note": ipc_why,
+                "pid": "isolated" if mode == "namespaces" else ("uid" if mode == "dedicated" else "shared"),
+                "filesystem": {"dedicated": "writes only to its work dir and the swept temp dirs",
+                               "namespaces": "read-only except its work dir",
+                               "same": "everything our uid can"}[mode],
+                "memory_cgroup": cgroups.describe(), "memory_cgroup_note": cg_why,
+                "oom_score_adj": OOM_SCORE_ADJ,
                 "staged": [] if lease is None else list(lease.view.staged),
                 "world_writable_dirs": list(world_writable_dirs()),
-                "disk_quota_bytes": SandboxLimits().disk_bytes}
+                "disk_quota_bytes": SandboxLimits().disk_bytes,
+                "lost": lost}
     finally:
         if lease is not None:
             lease.release()
@@ -456,6 +732,38 @@ def _remove_sysv_ipc(uid: int) -> None:
         libc.semctl(r["semid"], 0, ipc_rmid)
     for r in rows["msg"]:
         libc.msgctl(r["msqid"], ipc_rmid, None)
+
+
+def _mqueue_mounts() -> list[str]:
+    """Mount points of the POSIX message queue filesystem of our IPC namespace (/dev/mqueue where mounted)."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split()[:1] == ["mqueue"]:
+                    out.append(left.split()[4])
+    except (OSError, IndexError):
+        pass
+    return list(dict.fromkeys(out))
+
+
+def _remove_mqueues(uid: int) -> None:
+    """POSIX message queues outlive their creator like SysV IPC: where the uid had no IPC namespace of its own and
+    one was made before RLIMIT_MSGQUEUE stopped it (or by another route), remove the uid's where they are visible."""
+    for d in _mqueue_mounts():
+        fd = _open_dir(d, None)
+        if fd is None:
+            continue
+        try:
+            for e in os.scandir(fd):
+                try:
+                    if os.stat(e.name, dir_fd=fd, follow_symlinks=False).st_uid == uid:
+                        os.unlink(e.name, dir_fd=fd)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
 
 
 # --- disk quota -----------------------------------------------------------------------------------------------
@@ -589,7 +897,7 @@ def _base_env(workdir: str, env_allow: Iterable[str], extra_env: Mapping[str, st
     # raises KeyError unless USER/LOGNAME name someone; and torch's caches belong in the confined work dir.
     env.update(HOME=workdir, TMPDIR=workdir, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
                LANG=env.get("LANG", "C.UTF-8"), USER="cuda_eval_sandbox", LOGNAME="cuda_eval_sandbox",
-               TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, ".torchinductor"))
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(workdir, ".torchinductor"), **{INSIDE_SANDBOX_ENV: "1"})
     pythonpath = [PACKAGE_PARENT]
     for k, v in extra_env.items():
         if k == "PYTHONPATH":
@@ -667,6 +975,7 @@ class SessionProcess:
 
     def __init__(self, process, session: SandboxSession, disk_bytes: int | None):
         self._process, self._session, self.disk_bytes = process, session, disk_bytes
+        self.cgroup: cgroups.Cgroup | None = None
         self.quota_killed = False
         self._result: dict | None = None
 
@@ -718,9 +1027,13 @@ class SandboxSession:
         self._stop = threading.Event()
         self.disk_quota_exceeded = False
         self.disk_note = ""
+        self._cgroups: list[cgroups.Cgroup] = []
         self._lease = _acquire_identity()
-        self._new_netns = self._lease is not None and _probe_netns(self._lease.uid) is None
         try:
+            self.mode = "dedicated" if self._lease is not None else _unprivileged_mode()
+            dedicated = self._lease is not None
+            self._new_netns = dedicated and _probe_netns(self._lease.uid) is None
+            self._new_ipcns = dedicated and _probe_namespace("ipc", self._lease.uid) is None
             prepare_workdir(self.workdir, self._lease)
         except BaseException:
             self.close()
@@ -736,7 +1049,11 @@ class SandboxSession:
 
     @property
     def network_isolated(self) -> bool:
-        return self._new_netns
+        return self._new_netns or self.mode == "namespaces"
+
+    @property
+    def ipc_isolated(self) -> bool:
+        return self._new_ipcns or self.mode == "namespaces"
 
     def map_path(self, path: str) -> str:
         """A real path as the sandboxed processes must name it (staged copies for unreadable ones). run/spawn
@@ -760,12 +1077,19 @@ class SandboxSession:
                 argv[0] = view.python
             argv = [_map_in(a, view) for a in argv]
         processes = limits.processes
-        if self._lease is None and processes is not None and os.geteuid() != 0:
+        if self.mode == "same" and processes is not None and os.geteuid() != 0:
+            # RLIMIT_NPROC counts every task of our uid (a user namespace starts its own count at 0)
             processes = _count_own_tasks(os.getuid()) + processes
-        return argv, dict(env=env, cwd=os.path.abspath(cwd or self.workdir),
-                          limits=limits.rlimits(processes=processes), output_cap_bytes=limits.output_cap_bytes,
-                          uid=self.uid, gid=self.uid, sweep_uid=False, new_netns=self._new_netns,
-                          nice=min(19, limits.nice))
+        rlimits = limits.rlimits(processes=processes)
+        if not self.ipc_isolated:
+            rlimits["msgqueue_bytes"] = 0  # no IPC namespace to take its message queues away with it
+        namespaces = self.mode == "namespaces"
+        shm = SHM_BYTES if limits.disk_bytes is None else min(SHM_BYTES, limits.disk_bytes)
+        return argv, dict(env=env, cwd=os.path.abspath(cwd or self.workdir), limits=rlimits,
+                          output_cap_bytes=limits.output_cap_bytes, uid=self.uid, gid=self.uid, sweep_uid=False,
+                          new_netns=self._new_netns, new_ipcns=self._new_ipcns, nice=min(19, limits.nice),
+                          oom_score_adj=OOM_SCORE_ADJ, userns=namespaces,
+                          writable_dir=self.workdir if namespaces else "", shm_bytes=shm)
 
     def run(self, argv: Sequence[str], limits: SandboxLimits, *, stdin: bytes | None = None, cwd: str | None = None,
             extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -789,9 +1113,18 @@ class SandboxSession:
         thread outlives the child (it waits for it, or kills it, before it ends). pass_fds: our descriptors, handed
         over as the child's fds 3, 4, ... in order (every other descriptor is closed in the child)."""
         argv, kwargs = self._kwargs(argv, limits, cwd, extra_env)
+        # Its process group's memory cgroup (where the machine offers them), bounded like one of its processes;
+        # inside a sandbox, the outer one's cgroup already holds it.
+        cg = None if self.mode == "same" and _inside_sandbox() else \
+            cgroups.create(limits.data_bytes or limits.address_space_bytes)
+        if cg is not None:
+            with self._lock:
+                self._cgroups.append(cg)
+            kwargs["cgroup_procs"] = cg.procs
         native = _native.spawn(argv, timeout_s=limits.wall_timeout_s, stdin=stdin,
                                die_with_parent_thread=die_with_parent_thread, pass_fds=list(pass_fds), **kwargs)
         proc = SessionProcess(native, self, limits.disk_bytes)
+        proc.cgroup = cg
         with self._lock:
             self._active[id(proc)] = proc
             if limits.disk_bytes is not None and self._watch is None and not self._closed:
@@ -867,6 +1200,10 @@ class SandboxSession:
         if self._lease is not None:
             lease, self._lease = self._lease, None
             lease.release()
+        with self._lock:
+            groups, self._cgroups = self._cgroups, []
+        for cg in groups:  # empty by now: the group and (dedicated) the uid were killed
+            cg.remove()
 
     def __enter__(self):
         return self

@@ -31,6 +31,8 @@ import sysconfig
 import tempfile
 import threading
 
+from cuda_eval import safe_dirs
+
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 RUNTIME_DIR = os.environ.get("CUDA_EVAL_SANDBOX_RUNTIME_DIR", "/tmp/cuda_eval_runtime")
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip"}
@@ -107,24 +109,10 @@ def _tree_key(root: str, skip=frozenset()) -> str:
 
 # --- publishing ---------------------------------------------------------------------------------------------------
 def _check_runtime_dir() -> None:
-    """Create RUNTIME_DIR (0755) and make sure nobody else controls it: whoever could write there could plant code
-    that every sandboxed process (and every later evaluator) imports."""
-    os.makedirs(RUNTIME_DIR, mode=0o755, exist_ok=True)
-    st = os.lstat(RUNTIME_DIR)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise OSError(errno.EPERM, f"{RUNTIME_DIR} is not a directory owned by uid {os.geteuid()} (someone else "
-                      "created it?): refusing to stage code there; remove it or set CUDA_EVAL_SANDBOX_RUNTIME_DIR")
-    if stat.S_IMODE(st.st_mode) != 0o755:
-        os.chmod(RUNTIME_DIR, 0o755)
-    parent = os.path.dirname(os.path.abspath(RUNTIME_DIR))
-    while True:
-        pst = os.stat(parent)
-        if pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not pst.st_mode & stat.S_ISVTX:
-            raise OSError(errno.EPERM, f"{parent} is writable by others without the sticky bit: {RUNTIME_DIR} "
-                          "could be swapped; set CUDA_EVAL_SANDBOX_RUNTIME_DIR elsewhere")
-        if parent == "/":
-            break
-        parent = os.path.dirname(parent)
+    """Create RUNTIME_DIR (0755) and make sure nobody else controls it or a directory above it (safe_dirs): whoever
+    could write there could plant code that every sandboxed process (and every later evaluator) imports."""
+    safe_dirs.ensure_dir(RUNTIME_DIR, 0o755, what="to stage code in the sandbox runtime dir",
+                         fix="Remove it (or chown it to root), or set CUDA_EVAL_SANDBOX_RUNTIME_DIR elsewhere")
 
 
 _held: list[int] = []  # fds holding a shared flock on <dir>/.in_use for every staged dir this process uses

@@ -28,7 +28,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
-from cuda_eval import flag_policy
+from cuda_eval import flag_policy, safe_dirs
 
 # Bump when build.py changes what it produces for the same inputs (it addresses the cache).
 RECIPE_VERSION = "3"
@@ -204,35 +204,54 @@ def detect(arch: str = "auto", *, cache_dir: str | None = None, python: str | No
     with _lock:
         if (key, arch_source) in _memo:
             return _memo[(key, arch_source)]
-    path = os.path.join(cache_dir, "toolchain", f"{key}.json") if cache_dir else None
-    data = None
-    if path and os.path.exists(path):
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            data = None
+    record_dir = os.path.join(cache_dir, "toolchain") if cache_dir else None
+    data = _read_record(record_dir, f"{key}.json") if record_dir else None
     if data is None:
         proc = subprocess.run([python, "-m", "cuda_eval.toolchain", "--arch", arch], capture_output=True, text=True,
                               timeout=timeout_s, env={**os.environ, "PYTHONPATH": _pythonpath()})
         if proc.returncode != 0:
             raise RuntimeError(f"toolchain detection failed (python -m cuda_eval.toolchain):\n{proc.stderr[-3000:]}")
         data = json.loads(proc.stdout)
-        if path:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-                with os.fdopen(fd, "w") as f:
-                    json.dump(data, f)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except OSError:  # a read-only cache (e.g. seen from a sandboxed GPU worker): just not remembered
-                pass
+        if record_dir:
+            _write_record(record_dir, f"{key}.json", data)
     data["arch_source"] = arch_source
     tc = Toolchain.from_dict(data)
     with _lock:
         _memo[(key, arch_source)] = tc
     return tc
+
+
+_RECORD_FIX = safe_dirs.fix_hint("CompileConfig.cache_dir / $CUDA_EVAL_CACHE_DIR")
+
+
+def _read_record(record_dir: str, name: str) -> dict | None:
+    """The remembered toolchain, or None. Its compiler templates run in every build, so it is read only from a
+    directory and a file that nobody but root or we could have written (safe_dirs): anything else is refused."""
+    try:
+        raw = safe_dirs.read_trusted_file(record_dir, name, max_bytes=64 << 20, what="the toolchain record",
+                                          fix=_RECORD_FIX)
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None  # torn or stale: detected again and replaced
+    return data if isinstance(data, dict) else None
+
+
+def _write_record(record_dir: str, name: str, data: dict) -> None:
+    try:
+        safe_dirs.ensure_dir(record_dir, 0o755, what="the toolchain record dir", fix=_RECORD_FIX)
+    except safe_dirs.NotOurs:  # root's cache seen from a sandboxed GPU worker: just not remembered
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(dir=record_dir)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(record_dir, name))
+    except OSError:  # a read-only filesystem: just not remembered
+        pass
 
 
 def _pythonpath() -> str:

@@ -36,10 +36,11 @@ Limits parse_limits(const py::dict& limits) {
     else if (key == "processes") L.processes = v;
     else if (key == "stack_bytes") L.stack_bytes = v;
     else if (key == "core_bytes") L.core_bytes = v;
+    else if (key == "msgqueue_bytes") L.msgqueue_bytes = v;
     else
       throw py::value_error("unknown limit '" + key +
                             "' (known: address_space_bytes, data_bytes, cpu_seconds, open_files, file_size_bytes, "
-                            "processes, stack_bytes, core_bytes)");
+                            "processes, stack_bytes, core_bytes, msgqueue_bytes)");
   }
   return L;
 }
@@ -64,6 +65,25 @@ SpawnOptions make_options(const std::vector<std::string>& argv, const py::dict& 
   o.gid = gid.value_or(-1);
   o.sweep_uid = sweep_uid;
   return o;
+}
+
+// The isolation options shared by run() and spawn().
+void set_isolation(SpawnOptions& o, bool new_netns, bool new_ipcns, int nice, std::optional<int> oom_score_adj,
+                   const std::string& cgroup_procs, bool userns, const std::string& writable_dir,
+                   long long shm_bytes) {
+  o.new_netns = new_netns;
+  o.new_ipcns = new_ipcns;
+  o.nice = nice;
+  if (oom_score_adj && (*oom_score_adj < -1000 || *oom_score_adj > 1000))
+    throw py::value_error("oom_score_adj must be in -1000..1000 or None");
+  o.oom_score_adj = oom_score_adj.value_or(kKeepOomScore);
+  o.cgroup_procs = cgroup_procs;
+  o.userns = userns;
+  if (userns && (writable_dir.empty() || writable_dir[0] != '/'))
+    throw py::value_error("userns needs writable_dir, an absolute path");
+  o.writable_dir = writable_dir;
+  if (shm_bytes < 0) throw py::value_error("shm_bytes must be >= 0");
+  o.shm_bytes = shm_bytes;
 }
 
 py::dict to_dict(const RunResult& r) {
@@ -149,11 +169,11 @@ PYBIND11_MODULE(_native, m) {
       [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
          std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
          std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
-         bool sweep_uid, bool new_netns, int nice) {
+         bool sweep_uid, bool new_netns, int nice, bool new_ipcns, std::optional<int> oom_score_adj,
+         const std::string& cgroup_procs, bool userns, const std::string& writable_dir, long long shm_bytes) {
         SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
         o.die_with_parent_thread = true;  // this thread waits for the child, so it outlives it
-        o.new_netns = new_netns;
-        o.nice = nice;
+        set_isolation(o, new_netns, new_ipcns, nice, oom_score_adj, cgroup_procs, userns, writable_dir, shm_bytes);
         double t = timeout_value(timeout_s);
         std::optional<std::string> input;
         if (stdin_data) input = std::string(*stdin_data);
@@ -167,8 +187,13 @@ PYBIND11_MODULE(_native, m) {
       py::arg("argv"), py::kw_only(), py::arg("env"), py::arg("cwd"), py::arg("timeout_s"), py::arg("limits"),
       py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
       py::arg("gid") = py::none(), py::arg("sweep_uid") = true, py::arg("new_netns") = false, py::arg("nice") = 0,
+      py::arg("new_ipcns") = false, py::arg("oom_score_adj") = py::none(), py::arg("cgroup_procs") = "",
+      py::arg("userns") = false, py::arg("writable_dir") = "", py::arg("shm_bytes") = 1LL << 30,
       "Run argv in a new session with rlimits (dict of Limits fields; None = inherit), env (the whole environment), "
       "cwd, an optional uid/gid. Kills the whole group (and the uid's processes) at timeout_s. Releases the GIL. "
+      "Isolation: new_netns / new_ipcns (root), oom_score_adj, cgroup_procs (the child joins that cgroup first), "
+      "userns (no root needed: user, mount, PID, network, IPC namespaces; everything read-only but writable_dir; "
+      "a fresh /proc and a private /dev/shm of shm_bytes). "
       "Returns dict(exit_code, signal, timed_out, wall_s, cpu_s, peak_rss_bytes, stdout, stderr, stdout_truncated, "
       "stderr_truncated). sweep_uid=False: at the end kill only the child's group, not every process of uid "
       "(for concurrent children sharing one uid; the caller sweeps).");
@@ -190,12 +215,13 @@ PYBIND11_MODULE(_native, m) {
       [](const std::vector<std::string>& argv, const py::dict& env, const std::string& cwd,
          std::optional<double> timeout_s, const py::dict& limits, long long output_cap_bytes,
          std::optional<py::bytes> stdin_data, std::optional<long long> uid, std::optional<long long> gid,
-         bool sweep_uid, bool die_with_parent_thread, const std::vector<int>& pass_fds, bool new_netns, int nice) {
+         bool sweep_uid, bool die_with_parent_thread, const std::vector<int>& pass_fds, bool new_netns, int nice,
+         bool new_ipcns, std::optional<int> oom_score_adj, const std::string& cgroup_procs, bool userns,
+         const std::string& writable_dir, long long shm_bytes) {
         SpawnOptions o = make_options(argv, env, cwd, limits, output_cap_bytes, uid, gid, sweep_uid);
         o.pipe_stdin = true;
         o.pass_fds = pass_fds;
-        o.new_netns = new_netns;
-        o.nice = nice;
+        set_isolation(o, new_netns, new_ipcns, nice, oom_score_adj, cgroup_procs, userns, writable_dir, shm_bytes);
         o.die_with_parent_thread = die_with_parent_thread;
         o.lifetime_s = timeout_value(timeout_s);
         std::unique_ptr<Child> child;
@@ -211,6 +237,8 @@ PYBIND11_MODULE(_native, m) {
       py::arg("limits"), py::arg("output_cap_bytes"), py::arg("stdin") = py::none(), py::arg("uid") = py::none(),
       py::arg("gid") = py::none(), py::arg("sweep_uid") = true, py::arg("die_with_parent_thread") = false,
       py::arg("pass_fds") = std::vector<int>(), py::arg("new_netns") = false, py::arg("nice") = 0,
+      py::arg("new_ipcns") = false, py::arg("oom_score_adj") = py::none(), py::arg("cgroup_procs") = "",
+      py::arg("userns") = false, py::arg("writable_dir") = "", py::arg("shm_bytes") = 1LL << 30,
       "Like run() but returns a Process at once (stdin is a pipe). pass_fds: our descriptors, handed over as the "
       "child's 3, 4, ... (every other one is closed). new_netns: the child gets an empty network namespace "
       "(needs CAP_SYS_ADMIN; fails to start otherwise). nice: 0..19, a lower CPU priority for the child. timeout_s here caps the child's whole lifetime "

@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -60,9 +61,24 @@ struct ChildError {
   int err;   // errno
 };
 const char* const kChildSteps[] = {"setsid", "dup2", "chdir", "setrlimit", "setgroups", "setresgid", "setresuid",
-                                   "prctl", "execve", "unshare(CLONE_NEWNET)", "setpriority"};
+                                   "prctl", "execve", "unshare(CLONE_NEWNET|CLONE_NEWIPC)", "setpriority",
+                                   "joining its cgroup (cgroup.procs)", "oom_score_adj",
+                                   "user namespace (setgroups/uid_map/gid_map)", "making / read-only (mount_setattr)",
+                                   "bind-mounting its work dir writable", "mounting /proc", "mounting /dev/shm",
+                                   "parent exited", "limiting SysV shared memory in its IPC namespace"};
 enum ChildStep { kSetsid, kDup2, kChdir, kSetrlimit, kSetgroups, kSetgid, kSetuid, kPrctl, kExecve, kUnshareNet,
-                 kSetpriority };
+                 kSetpriority, kCgroup, kOomScore, kUserMap, kReadOnly, kBindWork, kMountProc, kMountShm,
+                 kParentGone, kIpcLimits };
+
+// mount_setattr(2) (Linux 5.12): older headers lack it. The number is the same on every architecture.
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+struct MountAttr {
+  unsigned long long attr_set, attr_clr, propagation, userns_fd;
+};
+constexpr unsigned long long kMountAttrRdonly = 0x1;
+constexpr int kAtRecursive = 0x8000;
 
 // Everything the child needs, prepared by the parent.
 struct ChildPlan {
@@ -74,16 +90,37 @@ struct ChildPlan {
   struct {
     int resource;
     long long value;
-  } limits[8];
+  } limits[9];
   int n_limits;
   long long uid, gid;
   bool die_with_parent;
   pid_t parent_pid;
   int pass_fds[kMaxPassFds];
   int n_pass;
-  bool new_netns;
+  bool new_netns, new_ipcns;
   int nice;
+  int oom_score_adj;
+  const char* cgroup_procs;  // "" = none
+  bool userns;
+  char root_uid_map[64], root_gid_map[64];  // ours -> 0 in the namespace that owns the others
+  char uid_map[64], gid_map[64];            // 0 there -> ours again, where the program runs
+  const char* writable_dir;
+  char shm_options[64];
+  char shmmax[32], shmall[32];  // SysV shared memory limits of a new IPC namespace (bytes, pages)
+  bool have_shm;
+  int parent_pidfd;          // userns (new PID namespace, so getppid() is 0): how the child sees its parent exit
 };
+
+// Write a short string to a file (raw system calls: the child may not allocate). 0 on success.
+int write_file(const char* path, const char* text) {
+  int fd = static_cast<int>(syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CLOEXEC));
+  if (fd < 0) return -1;
+  ssize_t n = write(fd, text, strlen(text));
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  return n == static_cast<ssize_t>(strlen(text)) ? 0 : -1;
+}
 
 [[noreturn]] void child_fail(const ChildPlan* plan, int step) {
   ChildError e{step, errno};
@@ -94,6 +131,23 @@ struct ChildPlan {
 
 int child_main(void* arg) {
   const ChildPlan* plan = static_cast<const ChildPlan*>(arg);
+  // First into its cgroup, so that everything it does from here on is accounted and limited there.
+  if (plan->cgroup_procs[0] && write_file(plan->cgroup_procs, "0") != 0) child_fail(plan, kCgroup);
+  if (plan->userns) {
+    // clone() made the namespaces, owned by a user namespace in which we are root (our uid/gid mapped to 0, the
+    // one mapping an unprivileged process may write): root there may mount and set the IPC namespace's limits.
+    // The program itself runs one user namespace further down (see below), as our own uid, with no capabilities.
+    if (write_file("/proc/self/setgroups", "deny") != 0 || write_file("/proc/self/uid_map", plan->root_uid_map) != 0 ||
+        write_file("/proc/self/gid_map", plan->root_gid_map) != 0)
+      child_fail(plan, kUserMap);
+    // No credential change follows in this mode, so the parent-death signal can be set now, while the parent's
+    // pidfd is still open (the descriptor sweep below closes it).
+    if (plan->die_with_parent) {
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) child_fail(plan, kPrctl);
+      pollfd p{plan->parent_pidfd, POLLIN, 0};
+      if (plan->parent_pidfd >= 0 && poll(&p, 1, 0) > 0) child_fail(plan, kParentGone);
+    }
+  }
   if (setsid() < 0) child_fail(plan, kSetsid);
   // Move the error pipe and the descriptors to hand over above the range they will occupy (3 .. 3+n_pass), then
   // install the standard streams and the handed-over descriptors (dup2 clears close-on-exec on the copies).
@@ -122,9 +176,57 @@ int child_main(void* arg) {
                                                                                                 : 65536;
     for (long fd = err_fd + 1; fd < max_fd; ++fd) close(fd);
   }
+  if (plan->userns) {
+    // Our mounts stay ours (no propagation back to the host), then every mount read-only, the work dir bound
+    // writable on top of itself (before chdir, so that the cwd is the writable mount), a /proc of this PID
+    // namespace (the host's processes vanish from view) and a private /dev/shm.
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) child_fail(plan, kReadOnly);
+    MountAttr ro{kMountAttrRdonly, 0, 0, 0};
+    if (syscall(SYS_mount_setattr, AT_FDCWD, "/", kAtRecursive, &ro, sizeof(ro)) != 0) child_fail(plan, kReadOnly);
+    if (plan->writable_dir[0]) {
+      if (mount(plan->writable_dir, plan->writable_dir, nullptr, MS_BIND, nullptr) != 0) child_fail(plan, kBindWork);
+      MountAttr rw{0, kMountAttrRdonly, 0, 0};
+      if (syscall(SYS_mount_setattr, AT_FDCWD, plan->writable_dir, 0, &rw, sizeof(rw)) != 0)
+        child_fail(plan, kBindWork);
+    }
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) child_fail(plan, kMountProc);
+    if (plan->have_shm &&
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, plan->shm_options) != 0)
+      child_fail(plan, kMountShm);
+  }
   if (plan->cwd[0] && chdir(plan->cwd) != 0) child_fail(plan, kChdir);
-  // No network: a namespace of its own with only a loopback interface, which is down (before dropping privileges).
-  if (plan->new_netns && syscall(SYS_unshare, CLONE_NEWNET) != 0) child_fail(plan, kUnshareNet);
+  // No network: a namespace of its own with only a loopback interface, which is down; no SysV IPC objects or POSIX
+  // message queues shared with anyone (both die with the last process in them). Before dropping privileges.
+  const int unshare_flags = (plan->new_netns ? CLONE_NEWNET : 0) | (plan->new_ipcns ? CLONE_NEWIPC : 0);
+  if (!plan->userns && unshare_flags && syscall(SYS_unshare, unshare_flags) != 0) child_fail(plan, kUnshareNet);
+  // SysV shared memory is host RAM that no rlimit counts, and in its own namespace the disk-quota watchdog cannot
+  // see it: bound it there (these sysctls belong to the IPC namespace).
+  if (plan->new_ipcns || plan->userns) {
+    if (write_file("/proc/sys/kernel/shmmax", plan->shmmax) != 0 ||
+        write_file("/proc/sys/kernel/shmall", plan->shmall) != 0)
+      child_fail(plan, kIpcLimits);
+  }
+  if (plan->userns) {
+    // A user namespace of its own under ours, in which it is our uid/gid again: no capability over its mounts,
+    // its IPC namespace or anything else set up above (they belong to the namespace where we were root).
+    if (syscall(SYS_unshare, CLONE_NEWUSER) != 0 || write_file("/proc/self/setgroups", "deny") != 0 ||
+        write_file("/proc/self/uid_map", plan->uid_map) != 0 || write_file("/proc/self/gid_map", plan->gid_map) != 0)
+      child_fail(plan, kUserMap);
+  }
+  // The OOM killer's first pick under host memory pressure, before the trainer (raising it needs no privilege).
+  if (plan->oom_score_adj != kKeepOomScore) {
+    char value[16];
+    int v = plan->oom_score_adj, i = 15;
+    bool neg = v < 0;
+    unsigned u = static_cast<unsigned>(neg ? -v : v);
+    value[i] = '\0';
+    do {
+      value[--i] = static_cast<char>('0' + u % 10);
+      u /= 10;
+    } while (u);
+    if (neg) value[--i] = '-';
+    if (write_file("/proc/self/oom_score_adj", value + i) != 0) child_fail(plan, kOomScore);
+  }
   if (plan->nice > 0 && syscall(SYS_setpriority, PRIO_PROCESS, 0, plan->nice) != 0) child_fail(plan, kSetpriority);
   for (int i = 0; i < plan->n_limits; ++i) {
     rlimit r;
@@ -149,7 +251,7 @@ int child_main(void* arg) {
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(plan, kPrctl);
   // After the credential change (which clears it).
-  if (plan->die_with_parent) {
+  if (plan->die_with_parent && !plan->userns) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) child_fail(plan, kPrctl);
     if (getppid() != plan->parent_pid) _exit(127);
   }
@@ -188,11 +290,11 @@ std::string resolve_program(const std::string& program, const std::vector<std::s
 }
 
 // Runs `fn(arg)` in a vfork-like child with its own small stack and waits for it to exit or exec.
-pid_t clone_child(int (*fn)(void*), void* arg) {
+pid_t clone_child(int (*fn)(void*), void* arg, int ns_flags = 0) {
   const size_t stack_size = 256 * 1024;
   void* stack = mmap(nullptr, stack_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (stack == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "mmap child stack");
-  pid_t pid = clone(fn, static_cast<char*>(stack) + stack_size, CLONE_VM | CLONE_VFORK | SIGCHLD, arg);
+  pid_t pid = clone(fn, static_cast<char*>(stack) + stack_size, CLONE_VM | CLONE_VFORK | SIGCHLD | ns_flags, arg);
   int saved = errno;
   munmap(stack, stack_size);  // CLONE_VFORK: the child has exec'ed or exited by now
   if (pid < 0) throw std::system_error(saved, std::generic_category(), "clone");
@@ -331,7 +433,7 @@ std::unique_ptr<Child> Child::start(const SpawnOptions& options) {
   const std::pair<int, long long> wanted[] = {
       {RLIMIT_AS, L.address_space_bytes}, {RLIMIT_DATA, L.data_bytes},     {RLIMIT_CPU, L.cpu_seconds},
       {RLIMIT_NOFILE, L.open_files},      {RLIMIT_FSIZE, L.file_size_bytes}, {RLIMIT_NPROC, L.processes},
-      {RLIMIT_STACK, L.stack_bytes},      {RLIMIT_CORE, L.core_bytes}};
+      {RLIMIT_STACK, L.stack_bytes},      {RLIMIT_CORE, L.core_bytes},       {RLIMIT_MSGQUEUE, L.msgqueue_bytes}};
   for (const auto& [resource, value] : wanted) {
     if (value >= 0) plan.limits[plan.n_limits++] = {resource, value};
   }
@@ -346,19 +448,44 @@ std::unique_ptr<Child> Child::start(const SpawnOptions& options) {
     plan.pass_fds[plan.n_pass++] = fd;
   }
   plan.new_netns = options.new_netns;
+  plan.new_ipcns = options.new_ipcns;
   plan.nice = std::max(0, std::min(19, options.nice));
+  plan.oom_score_adj = options.oom_score_adj;
+  plan.cgroup_procs = options.cgroup_procs.c_str();
+  plan.userns = options.userns;
+  plan.writable_dir = options.writable_dir.c_str();
+  plan.parent_pidfd = -1;
+  const long long shm_bytes = std::max(1LL << 20, options.shm_bytes);
+  snprintf(plan.shmmax, sizeof(plan.shmmax), "%lld", shm_bytes);
+  snprintf(plan.shmall, sizeof(plan.shmall), "%lld", shm_bytes / sysconf(_SC_PAGESIZE));
+  int ns_flags = 0;
+  if (options.userns) {
+    if (options.uid >= 0 || options.gid >= 0) throw std::invalid_argument("userns runs as our own uid: no uid/gid");
+    snprintf(plan.root_uid_map, sizeof(plan.root_uid_map), "0 %u 1", geteuid());
+    snprintf(plan.root_gid_map, sizeof(plan.root_gid_map), "0 %u 1", getegid());
+    snprintf(plan.uid_map, sizeof(plan.uid_map), "%u 0 1", geteuid());
+    snprintf(plan.gid_map, sizeof(plan.gid_map), "%u 0 1", getegid());
+    snprintf(plan.shm_options, sizeof(plan.shm_options), "size=%lld,mode=1777", shm_bytes);
+    struct stat st;
+    plan.have_shm = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode);
+    ns_flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC;
+#ifdef SYS_pidfd_open
+    if (options.die_with_parent_thread) plan.parent_pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+#endif
+  }
 
   child->start_time_ = now_s();
   if (options.lifetime_s >= 0) child->lifetime_deadline_ = child->start_time_ + options.lifetime_s;
   pid_t pid;
   try {
-    pid = clone_child(child_main, &plan);
+    pid = clone_child(child_main, &plan, ns_flags);
   } catch (...) {
     for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0],
-                   exec_pipe[1], devnull})
+                   exec_pipe[1], devnull, plan.parent_pidfd})
       if (fd >= 0) close(fd);
     throw;
   }
+  if (plan.parent_pidfd >= 0) close(plan.parent_pidfd);
   child->pid_ = pid;
   // Parent: drop the child's ends, then learn whether execve succeeded (EOF) or what failed.
   for (int fd : {in_pipe[0], out_pipe[1], err_pipe[1], exec_pipe[1], devnull})

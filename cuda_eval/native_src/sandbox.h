@@ -25,7 +25,10 @@ struct Limits {
   long long processes = -1;            // RLIMIT_NPROC (counts threads of the real uid; not enforced for root)
   long long stack_bytes = -1;          // RLIMIT_STACK
   long long core_bytes = 0;            // RLIMIT_CORE: no core dumps by default
+  long long msgqueue_bytes = -1;       // RLIMIT_MSGQUEUE: 0 = no POSIX message queue can be created
 };
+
+constexpr int kKeepOomScore = -1001;   // SpawnOptions.oom_score_adj: leave the inherited value
 
 struct SpawnOptions {
   std::vector<std::string> argv;
@@ -42,7 +45,17 @@ struct SpawnOptions {
                                          // for several concurrent children sharing one uid, swept by the caller)
   std::vector<int> pass_fds;             // our descriptors to hand over, as the child's fds 3, 4, ... (in order)
   bool new_netns = false;                // a new, empty network namespace (loopback down): needs CAP_SYS_ADMIN
+  bool new_ipcns = false;                // a new IPC namespace (SysV IPC, POSIX message queues): CAP_SYS_ADMIN
   int nice = 0;                          // > 0: lower CPU priority (compiles yield to the GPU job's host threads)
+  int oom_score_adj = kKeepOomScore;     // the child's /proc/self/oom_score_adj (1000: the OOM killer's first pick)
+  std::string cgroup_procs;              // a cgroup's cgroup.procs file: the child moves itself there first
+  // Unprivileged isolation (no root needed): new user, mount, PID, network and IPC namespaces; our uid/gid mapped
+  // to themselves; every mount read-only except `writable_dir`; a fresh /proc (this PID namespace's processes only)
+  // and a private tmpfs on /dev/shm of `shm_bytes`. The child is PID 1 of its namespace: when it ends, every
+  // process it left behind is killed by the kernel.
+  bool userns = false;
+  std::string writable_dir;
+  long long shm_bytes = 1LL << 30;       // the private /dev/shm (userns), and SysV shared memory in a new IPC ns
 };
 constexpr int kMaxPassFds = 8;
 
