@@ -305,7 +305,10 @@ def memory_limits(device) -> tuple[int | None, int]:
     """(bytes JAX may use on `device`, bytes in use now); (None, 0) where the platform reports no statistics."""
     if device.platform != "gpu":
         return None, 0
-    stats = device.memory_stats() or {}
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - e.g. a compile-only (deviceless) device: no statistics to read
+        return None, 0
     return stats.get("bytes_limit") or None, stats.get("bytes_in_use", 0)
 
 

@@ -60,8 +60,9 @@ def extract(model: qwen2.Qwen2ForCausalLM, *, copy: bool, unrolled: bool) -> Sam
         layers = tuple(jax.tree.map(lambda p, i=i: cast(p[i]), stacked) for i in range(model.config.num_hidden_layers))
     else:
         layers = jax.tree.map(cast, stacked)
-    head = None if model.lm_head is None else cast(model.lm_head.kernel[...])
-    return SamplerWeights(embed=cast(model.embed_tokens.embedding[...]), layers=layers,
+    # .get_value(), not [...]: also works on abstract (ShapeDtypeStruct) parameters.
+    head = None if model.lm_head is None else cast(model.lm_head.kernel.get_value())
+    return SamplerWeights(embed=cast(model.embed_tokens.embedding.get_value()), layers=layers,
                           final_norm=nnx.split(model.final_norm)[1], head=head)
 
 
