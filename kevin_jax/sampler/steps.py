@@ -164,7 +164,7 @@ class ModelParts:
 class StepFunctions:
     """The compiled functions for one model graph, one StepSettings and one sampling mesh:
 
-      prepare(params) -> SamplerWeights       the copy in the sampling layout and compute dtype (one reshard + cast)
+      prepare(params) -> SamplerWeights       the copy in the sampling layout and compute dtype (reshard + cast)
       view(params) -> SamplerWeights          the parameters themselves (no copy), for layer_loop="scan"
       prefill(weights, pool, batch, seed)     -> (pool, Sampled of the rows' first tokens, reasons)
       decode(weights, pool, state, seed, refill_threshold) -> (pool, state, DecodeOutput)
@@ -179,7 +179,7 @@ class StepFunctions:
         self.num_layers = parts.config.num_hidden_layers
         self.dtype = parts.options.compute_dtype
         self.precision = parts.options.precision
-        self._prepare_jit = None
+        self._prepare_jits: dict | None = None
         self.weight_shardings: layout.SamplerWeights | None = None
         self.decode = jax.jit(self._traced(self._decode), donate_argnums=(1,))
         self.prefill_start = jax.jit(self._traced(self._prefill_start))
@@ -203,18 +203,47 @@ class StepFunctions:
         return layout.extract(nnx.merge(self.graphdef, params), copy=copy,
                               unrolled=self.settings.layer_loop == "unrolled")
 
-    def prepare_jit(self, params):
-        """The jitted copy function (out_shardings = the sampling layout), built on first use from params' shapes."""
-        if self._prepare_jit is None:
+    def prepare_jits(self, params) -> dict:
+        """The jitted copy functions (out_shardings = the sampling layout), built on first use from params' shapes:
+          unrolled: "layer" (stacked layer parameters, index) -> one layer's copy, and "rest" (params) -> (embedding,
+            final norm, head). One layer at a time: resharding the whole stack in one call makes XLA gather it whole
+            first (20 GB of temporaries per GPU at QwQ-32B on 4 GPUs, by the deviceless compile); a layer at a time
+            the temporaries are one layer's.
+          scan: "whole" (params) -> the stacked copy."""
+        if self._prepare_jits is None:
             out = None
             if self.mesh is not None:
                 abstract = jax.eval_shape(lambda p: self._weights(p, copy=True), params)
                 out = self.weight_shardings = layout.weight_shardings(abstract, self.mesh)
-            self._prepare_jit = jax.jit(lambda p: self._weights(p, copy=True), out_shardings=out)
-        return self._prepare_jit
+            if self.settings.layer_loop == "unrolled":
+                self._prepare_jits = {
+                    "layer": jax.jit(self._copy_layer, out_shardings=None if out is None else out.layers[0]),
+                    "rest": jax.jit(self._copy_rest,
+                                    out_shardings=None if out is None else (out.embed, out.final_norm, out.head))}
+            else:
+                self._prepare_jits = {"whole": jax.jit(lambda p: self._weights(p, copy=True), out_shardings=out)}
+        return self._prepare_jits
+
+    def _copy_layer(self, stacked, index):
+        return jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, index, keepdims=False).astype(self.dtype),
+                            stacked)
+
+    def _copy_rest(self, params):
+        weights = layout.extract(nnx.merge(self.graphdef, params), copy=True, unrolled=False)
+        return weights.embed, weights.final_norm, weights.head
+
+    def stacked_layers(self, params):
+        """The stacked layer parameters of a model state (the same arrays)."""
+        return nnx.split(nnx.merge(self.graphdef, params).layers)[1]
 
     def prepare(self, params) -> layout.SamplerWeights:
-        return self.prepare_jit(params)(params)
+        jits = self.prepare_jits(params)
+        if "whole" in jits:
+            return jits["whole"](params)
+        stacked = self.stacked_layers(params)
+        layers = tuple(jits["layer"](stacked, np.int32(i)) for i in range(self.num_layers))
+        embed, final_norm, head = jits["rest"](params)
+        return layout.SamplerWeights(embed=embed, layers=layers, final_norm=final_norm, head=head)
 
     def view(self, params) -> layout.SamplerWeights | None:
         """The parameters as SamplerWeights without a copy when they already have the sampling layout (one device, or
