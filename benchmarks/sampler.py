@@ -135,6 +135,8 @@ def parse_args(argv=None):
     tp.add_argument("--tp-prefill-chunk", type=int, default=2048)
     tp.add_argument("--kv-cache-fraction", type=float, default=0.9, help="sampler.kv_cache_fraction")
     tp.add_argument("--e2e-new-tokens", type=int, default=256, help="new tokens of the end-to-end run")
+    tp.add_argument("--cache-dir", default="", help="JAX's persistent compilation cache (a second run in the same "
+                                                    "machine session then skips most compiles)")
     tp.add_argument("--tp-layers", action="store_true", help="also time the layers without attention (one more "
                                                              "64-layer compile)")
     first = p.parse_args(argv)
@@ -871,6 +873,9 @@ def main(argv=None):
 
     import jax
 
+    if args.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     RESULTS["env"] = {"jax": jax.__version__, "backend": jax.default_backend(),
                       "device": str(jax.local_devices()[0].device_kind), "python": platform.python_version(),
                       "args": vars(args)}
