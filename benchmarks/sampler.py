@@ -127,8 +127,8 @@ def parse_args(argv=None):
                    help="device memory left free when sizing the KV pool (activations, logits, workspace)")
     tp = p.add_argument_group("tensor parallel (--gpus N): the sampler over N GPUs, as training runs it")
     tp.add_argument("--gpus", type=int, default=0,
-                    help="N >= 1: benchmark the tensor-parallel sampler over the first N GPUs instead (TensorParallelBench;"
-                         " defaults then: --configs qwq_32b --batches 32,64,128, no transformers)")
+                    help="N >= 1: benchmark the tensor-parallel sampler over the first N GPUs instead "
+                         "(TensorParallelBench; defaults then: --configs qwq_32b --batches 32,64,128, no transformers)")
     tp.add_argument("--tp-contexts", default="", help="mean cache length per batch (default: the longest that fits)")
     tp.add_argument("--tp-max-seq-len", type=int, default=40960, help="sampler.max_seq_len (QwQ's context)")
     tp.add_argument("--tp-prefill-tokens", type=int, default=8192)
@@ -727,7 +727,8 @@ class TensorParallelBench:
         from kevin_jax.sampler.engine import params_of
 
         c, t = self.config, self.tensor
-        shard = c.replace(num_attention_heads=c.num_attention_heads // t, num_key_value_heads=c.num_key_value_heads // t,
+        shard = c.replace(num_attention_heads=c.num_attention_heads // t,
+                          num_key_value_heads=c.num_key_value_heads // t,
                           intermediate_size=c.intermediate_size // t, vocab_size=c.vocab_size // t)
         one = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=self.gpus[:1])
         model = qwen2.init_sharded(shard, self._options(), one, seed=0)
@@ -781,8 +782,8 @@ def tp_tables(results: dict) -> str:
                   f"0); trainer params {r.get('trainer_params_gb_per_gpu', 0):.1f} GB/GPU, weight copy "
                   f"{r.get('copy_gb_per_gpu', 0):.1f} GB/GPU in {r.get('copy_again_s', float('nan')):.2f} s; "
                   f"{r.get('pool_line', '')}", "",
-                  "| batch | mean context | decode tok/s | ms/step | GB/step (weights + KV) | roofline ms | % of roofline "
-                  "| compile + first call s |", "|---|---|---|---|---|---|---|---|"]
+                  "| batch | mean context | decode tok/s | ms/step | GB/step (weights + KV) | roofline ms | "
+                  "% of roofline | compile + first call s |", "|---|---|---|---|---|---|---|---|"]
         for batch, s in sorted(r.get("steps", {}).items(), key=lambda kv: int(kv[0])):
             if "error" in s:
                 lines.append(f"| {batch} | | {s['error'][:100]} | | | | | |")
@@ -810,8 +811,9 @@ def tp_tables(results: dict) -> str:
         if "ms_per_step" in full and "ms_per_step" in no_kv:
             derived.append(f"KV reads {full['ms_per_step'] - no_kv['ms_per_step']:.2f} ms")
         if "ms_per_step" in full and "ms_per_step" in shard:
-            derived.append(f"all-reduces and other tensor-parallel costs {full['ms_per_step'] - shard['ms_per_step']:.2f}"
-                           f" ms (with KV), {no_kv.get('ms_per_step', float('nan')) - shard_nokv.get('ms_per_step', float('nan')):.2f} ms (without)")
+            without = no_kv.get("ms_per_step", float("nan")) - shard_nokv.get("ms_per_step", float("nan"))
+            derived.append(f"all-reduces and other tensor-parallel costs "
+                           f"{full['ms_per_step'] - shard['ms_per_step']:.2f} ms (with KV), {without:.2f} ms (without)")
         if "ms_per_step" in shard_nokv:
             derived.append(f"weights + sampling on one GPU's shard {shard_nokv['ms_per_step']:.2f} ms")
         if "step_ms" in e2e and "ms_per_step" in at_e2e:
@@ -821,8 +823,8 @@ def tp_tables(results: dict) -> str:
         if derived:
             lines += ["", "derived: " + "; ".join(derived)]
         if "decode_tok_s" in e2e:
-            lines += ["", f"end to end (batch {e2e['batch']}, distinct prompts): decode {e2e['decode_tok_s']:.0f} tok/s "
-                      f"({e2e['step_ms']:.2f} ms/step, mean context {e2e['mean_context']:.0f}), prefill "
+            lines += ["", f"end to end (batch {e2e['batch']}, distinct prompts): decode {e2e['decode_tok_s']:.0f} "
+                      f"tok/s ({e2e['step_ms']:.2f} ms/step, mean context {e2e['mean_context']:.0f}), prefill "
                       f"{e2e['prefill_tok_s']:.0f} tok/s ({e2e['prefill_tokens']} tokens in {e2e['prefill_s']:.1f} s), "
                       f"warm-up (prefill compiles) {e2e['warmup_s']:.0f} s, peak GB per GPU {e2e.get('peak_gb')}"]
         elif e2e:

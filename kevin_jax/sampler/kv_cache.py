@@ -286,9 +286,9 @@ def plan_pool(*, worst_case_tokens: int, page_size: int, page_bytes_per_device: 
         left = limit_bytes - in_use_bytes - weight_copy_bytes - workspace
         if left < 2 * page_bytes_per_device:
             raise ValueError(
-                f"no device memory left for the KV pool: limit {limit_bytes / gb:.1f} GB - in use {in_use_bytes / gb:.1f}"
-                f" - the sampler's weight copy {weight_copy_bytes / gb:.1f} - workspace {workspace / gb:.1f} = "
-                f"{left / gb:.1f} GB. Free memory before sampling, raise gpu.jax_memory_fraction, use more devices "
+                f"no device memory left for the KV pool: limit {limit_bytes / gb:.1f} GB - in use "
+                f"{in_use_bytes / gb:.1f} - the sampler's weight copy {weight_copy_bytes / gb:.1f} - workspace "
+                f"{workspace / gb:.1f} = {left / gb:.1f} GB. Free memory before sampling, raise gpu.jax_memory_fraction, use more devices "
                 f"(tensor parallelism splits the weight copy), or set sampler.kv_cache_gb / num_pages")
         pages = min(worst, max(2, int(left * fraction) // page_bytes_per_device))
         rule = (f"sampler.kv_cache_fraction={fraction:g} of {left / gb:.1f} GB = limit {limit_bytes / gb:.1f} - in use "
