@@ -1,7 +1,14 @@
-"""Sampler throughput on one GPU: copy roofline, where a decode step's time goes, and the throughput table.
+"""Sampler throughput: copy roofline, where a decode step's time goes, and the throughput table; on one GPU, or
+tensor-parallel over N GPUs at QwQ-32B's shape (--gpus N).
 
-    python benchmarks/sampler.py --out $OUT/sampler.json           # the device run (H200, ~6-7 min)
+    python benchmarks/sampler.py --out $OUT/sampler.json           # one GPU (H200, ~6-7 min)
+    python benchmarks/sampler.py --gpus 4 --out $OUT/sampler_tp4.json   # qwq_32b on 4 GPUs (~4-5 min on 4 x H100)
     python benchmarks/sampler.py --tiny --out /tmp/sampler.json     # the same code on a tiny config (CPU smoke run)
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python benchmarks/sampler.py --tiny --gpus 2 --out ...
+
+--gpus N: see TensorParallelBench (random bf16 weights generated on the GPUs in the trainer's FSDP layout, the
+sampler's own KV pool rule and weight copy; decode tok/s at --batches against the bandwidth roofline, where the time
+goes, end to end with prefill tok/s). The one-GPU sections below are then skipped.
 
 Random bf16 weights; prompts of 1-2k tokens, 16 sequences per distinct prompt (Kevin's trajectories share their
 first-turn prompt); temperature 0.9; no EOS (lengths are set per sequence). Sections, in this order, each isolated
@@ -118,10 +125,30 @@ def parse_args(argv=None):
                    help="skip what would end after this many seconds (runs are estimated from the breakdown)")
     p.add_argument("--memory-headroom-gb", type=float, default=6.0,
                    help="device memory left free when sizing the KV pool (activations, logits, workspace)")
-    if p.parse_args(argv).tiny:              # tiny defaults; explicit flags still win
+    tp = p.add_argument_group("tensor parallel (--gpus N): the sampler over N GPUs, as training runs it")
+    tp.add_argument("--gpus", type=int, default=0,
+                    help="N >= 1: benchmark the tensor-parallel sampler over the first N GPUs instead "
+                         "(TensorParallelBench; defaults then: --configs qwq_32b --batches 32,64,128, no transformers)")
+    tp.add_argument("--tp-contexts", default="", help="mean cache length per batch (default: the longest that fits)")
+    tp.add_argument("--tp-max-seq-len", type=int, default=40960, help="sampler.max_seq_len (QwQ's context)")
+    tp.add_argument("--tp-prefill-tokens", type=int, default=8192)
+    tp.add_argument("--tp-prefill-chunk", type=int, default=2048)
+    tp.add_argument("--kv-cache-fraction", type=float, default=0.9, help="sampler.kv_cache_fraction")
+    tp.add_argument("--e2e-new-tokens", type=int, default=256, help="new tokens of the end-to-end run")
+    tp.add_argument("--cache-dir", default="", help="JAX's persistent compilation cache (a second run in the same "
+                                                    "machine session then skips most compiles)")
+    tp.add_argument("--tp-layers", action="store_true", help="also time the layers without attention (one more "
+                                                             "64-layer compile)")
+    first = p.parse_args(argv)
+    if first.gpus:
+        p.set_defaults(configs="qwq_32b", batches="32,64,128", hf_new_tokens=0, decode_steps=32, budget_s=330.0)
+    if first.tiny:                           # tiny defaults; explicit flags still win
         p.set_defaults(configs="tiny", batches="4,8", prompt_min=16, prompt_max=48, new_tokens=32, share=2,
-                       hf_new_tokens=6, hf_batches="4", decode_steps=8, scene_min=24, scene_max=40,
-                       sweep="16:32:4:2,first", memory_headroom_gb=0.0)
+                       hf_new_tokens=0 if first.gpus else 6, hf_batches="4", decode_steps=8, scene_min=24,
+                       scene_max=40, sweep="16:32:4:2,first", memory_headroom_gb=0.0, tp_max_seq_len=256,
+                       tp_prefill_tokens=64, tp_prefill_chunk=32, e2e_new_tokens=8)
+        if first.gpus:
+            p.set_defaults(batches="2,4")
     return p.parse_args(argv)
 
 
@@ -322,7 +349,7 @@ class ModelBench:
 
         args = self.args
         engine = self.engine()
-        weights = engine.functions.prepare(self.params)
+        weights = engine.weights(self.params)
         lengths = self.scene_lengths
         scene = parts.make_scene(self.model, self.params, weights, engine.geometry, lengths,
                                  headroom=2 * args.decode_steps, dtype=engine.dtype, share=args.share,
@@ -491,6 +518,321 @@ def bf16_gap(bench: ModelBench, args, rng) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------------------- N GPUs, one model
+class TensorParallelBench:
+    """The sampler tensor-parallel over --gpus GPUs (kevin_jax.sampler.layout), as training runs it: the parameters
+    in the trainer's layout (bf16, FSDP over the GPUs), the engine's KV pool sized by its own rule, its weight copy.
+
+    Decode is timed on frozen scenes (sampler_breakdown.step_part: the real decode call over random KV at the given
+    cache lengths), at each --batches B with the longest mean context the pool holds for B slots (<= 16k; or
+    --tp-contexts). Roofline of a step = (bf16 weights + live KV bytes) / (GPUs x the per-GPU copy bandwidth measured
+    above). Where the time goes, at the middle batch:
+      no KV reads      the same call with every cache at one page: weights, all-reduces, sampling, loop overhead
+      one GPU's shard  a model of 1/T of the heads, MLP width and vocabulary on one GPU (the per-GPU work of the
+                       tensor-parallel step without any collective), at the same B and cache lengths, with and
+                       without KV reads: (TP step - shard step) = all-reduces and the other tensor-parallel costs
+      attention, lm head + sampling   timed apart under the same mesh (sampler_breakdown)
+      host             end to end (generate) ms per decode step - the scene's at the run's mean cache length
+    End to end at the middle batch: distinct prompts of --prompt-min..max tokens, --e2e-new-tokens new tokens:
+    decode tok/s, prefill tok/s (prompt tokens computed / prefill seconds)."""
+
+    def __init__(self, name: str, args, per_gpu_tb_s: float | None):
+        import jax
+
+        from kevin_jax.model.shapes import named_config
+        from kevin_jax.sampler import layout
+
+        self.name, self.args = name, args
+        self.config = named_config(name)
+        self.gpus = jax.local_devices()[:args.gpus]
+        if len(self.gpus) < args.gpus:
+            raise RuntimeError(f"--gpus {args.gpus} but JAX sees {len(self.gpus)} device(s)")
+        self.tensor = layout.tensor_parallel_size(self.config, len(self.gpus))
+        self.node_tb_s = per_gpu_tb_s * len(self.gpus) if per_gpu_tb_s else None
+        self.weight_bytes = self.config.matmul_param_count() * 2
+        self.batches = sorted(int(b) for b in args.batches.split(","))
+        self.middle = self.batches[len(self.batches) // 2]
+        self.record = RESULTS.setdefault("tp", {}).setdefault(name, {})
+        self.record.update(gpus=len(self.gpus), tensor=self.tensor, weight_gb=self.weight_bytes / 1e9,
+                           per_gpu_tb_s=per_gpu_tb_s, node_tb_s=self.node_tb_s, steps={}, breakdown={})
+
+    def _options(self):
+        from kevin_jax.model import qwen2
+        return qwen2.ModelOptions(dtype="bfloat16", param_dtype="bfloat16", remat="none")
+
+    def _config(self, **changes):
+        from kevin_jax.sampler import SamplerConfig
+        args = self.args
+        return SamplerConfig(temperature=0.9, max_slots=self.batches[-1], max_seq_len=args.tp_max_seq_len,
+                             page_size=args.page_size, decode_steps=args.decode_steps,
+                             kv_cache_fraction=args.kv_cache_fraction, prefill_tokens=args.tp_prefill_tokens,
+                             prefill_chunk=args.tp_prefill_chunk,
+                             attention="pallas" if jax_backend() == "gpu" else "xla").replace(**changes)
+
+    def _skip(self, label: str, estimate_s: float) -> bool:
+        if elapsed() + estimate_s > self.args.budget_s:
+            self.record["breakdown"][label] = {"error": f"skipped: would end past the {self.args.budget_s:.0f}s "
+                                                        f"budget (t={elapsed():.0f}s)"}
+            save()
+            return True
+        return False
+
+    def _lengths(self, batch: int, context: int, seed: int) -> np.ndarray:
+        """Cache lengths uniform in [0.75, 1.25] x context (mean = context)."""
+        rng = np.random.default_rng(seed)
+        return rng.integers(int(0.75 * context), int(1.25 * context) + 1, batch).astype(np.int32)
+
+    def contexts(self, pool_tokens: int) -> dict[int, int]:
+        """Mean cache length per batch: the longest that the pool holds (each slot up to 1.25x the mean plus two
+        decode calls' headroom), <= 16k, a multiple of 256; or --tp-contexts."""
+        if self.args.tp_contexts:
+            given = [int(c) for c in self.args.tp_contexts.split(",")]
+            return dict(zip(self.batches, given + given[-1:] * len(self.batches)))
+        headroom = 2 * self.args.decode_steps + self.args.page_size
+        longest = int((self.args.tp_max_seq_len - headroom) / 1.25)          # the longest slot fits the table
+        out = {}
+        for b in self.batches:
+            context = min(16384, pool_tokens // b - headroom, longest)
+            step = 256 if context >= 256 else self.args.page_size
+            out[b] = max(self.args.page_size, context // step * step)
+        return out
+
+    def run(self) -> None:
+        import jax
+
+        import sampler_breakdown as parts
+        from kevin_jax import parallel
+        from kevin_jax.model import qwen2
+        from kevin_jax.sampler import SamplerEngine, layout
+        from kevin_jax.sampler.engine import params_of
+
+        args, record = self.args, self.record
+        trainer_mesh = parallel.make_mesh(parallel.ParallelConfig(fsdp=-1), devices=self.gpus)
+        t0 = time.perf_counter()
+        model = qwen2.init_sharded(self.config, self._options(), trainer_mesh, seed=0)
+        params = params_of(model)
+        jax.block_until_ready(params)
+        record["init_s"] = time.perf_counter() - t0
+        engine = SamplerEngine(model, self._config())
+        plan = engine.pool_plan
+        record.update(sampling_mesh=layout.describe(engine.mesh), pool_pages=plan.pages_per_layer,
+                      pool_gb_per_gpu=plan.bytes_per_device / 1e9, pool_tokens=plan.tokens, pool_rule=plan.rule,
+                      pool_line=plan.describe(engine.config.max_slots, engine.config.max_seq_len,
+                                              layout.describe(engine.mesh)),
+                      trainer_params_gb_per_gpu=layout.bytes_per_device(params) / 1e9)
+        print(f"[tp {self.name}] {record['pool_line']}", flush=True)
+        t0 = time.perf_counter()
+        weights = jax.block_until_ready(engine.weights(params))
+        record["copy_s"] = time.perf_counter() - t0                 # includes the copy functions' compile
+        record["copy_gb_per_gpu"] = layout.bytes_per_device(weights) / 1e9
+        t0 = time.perf_counter()
+        jax.block_until_ready(engine.weights(params))               # compiled: the copy alone
+        record["copy_again_s"] = time.perf_counter() - t0
+        record["memory_after_copy_gb"] = _memory_gb(self.gpus)
+        save()
+        print(f"[tp {self.name}] trainer params {record['trainer_params_gb_per_gpu']:.1f} GB/GPU, copy "
+              f"{record['copy_gb_per_gpu']:.1f} GB/GPU in {record['copy_again_s']:.2f}s (first "
+              f"{record['copy_s']:.1f}s), t={elapsed():.0f}s", flush=True)
+
+        contexts = self.contexts(plan.tokens)
+        record["contexts"] = contexts
+        pool = parts.random_pool(engine.geometry, engine.dtype, 0, layout.sharding_of_pool(engine.mesh,
+                                                                                          engine.tensor_axis))
+        engines = {b: SamplerEngine(model, self._config(max_slots=b, num_pages=plan.pages_per_layer))
+                   for b in self.batches}
+        scene_of = lambda b, lengths: parts.make_scene(                                          # noqa: E731
+            model, params, weights, engine.geometry, lengths, 2 * args.decode_steps, engine.dtype,
+            engine=engines[b], pool=pool)
+
+        def step(label: str, batch: int, lengths: np.ndarray) -> dict:
+            scene = scene_of(batch, lengths)
+            out = guarded(f"tp {self.name} {label}", parts.step_part, scene, engines[batch], self.node_tb_s,
+                          self.weight_bytes)
+            nonlocal pool
+            pool = scene.pool                                      # donated through the decode call
+            out.update(batch=batch, mean_context=float(np.mean(lengths)))
+            if "ms_per_step" in out:
+                out["decode_tok_s"] = batch / out["ms_per_step"] * 1e3
+            return out
+
+        order = [self.middle] + [b for b in self.batches if b != self.middle]
+        for batch in order:
+            if batch != self.middle and self._skip(f"step batch {batch}", 60):
+                record["steps"][batch] = {"error": "skipped: time budget"}
+                continue
+            record["steps"][batch] = step(f"step batch {batch}", batch, self._lengths(batch, contexts[batch], 1))
+            save()
+            if batch == self.middle:
+                breakdown = record["breakdown"]
+                breakdown["no KV reads"] = step("no KV reads", batch, np.full(batch, args.page_size, np.int32))
+                e2e_context = (args.prompt_min + args.prompt_max) // 2 + args.e2e_new_tokens // 2
+                breakdown["at the end-to-end context"] = step(
+                    "at the end-to-end context", batch, self._lengths(batch, e2e_context, 2))
+                save()
+        scene = scene_of(self.middle, self._lengths(self.middle, contexts[self.middle], 1))
+        breakdown = record["breakdown"]
+        for label, fn, fn_args, estimate in (
+                ("attention (Pallas, TP)", parts.attention_part,
+                 (scene, "pallas" if jax_backend() == "gpu" else "xla", engine.pallas_params, self.node_tb_s), 20),
+                ("lm head + sampling (TP)", parts.sample_part, (scene, 0.9, self.node_tb_s, True), 15)):
+            if not self._skip(label, estimate):
+                breakdown[label] = guarded(f"tp {self.name} {label}", fn, *fn_args)
+                breakdown[label].update(batch=self.middle, mean_context=float(np.mean(scene.lengths)))
+                save()
+        if args.tp_layers and not self._skip("layers, no attention (TP)", 60):
+            breakdown["layers, no attention (TP)"] = guarded(
+                f"tp {self.name} layers", parts.layers_part, scene, "unrolled", self.node_tb_s,
+                self.config.num_hidden_layers * self.config.layer_param_count() * 2)
+            save()
+        del scene, pool, weights
+        gc.collect()
+
+        # End to end: the engine's own pool and weight copy.
+        if not self._skip("end to end", 60):
+            record["e2e"] = guarded(f"tp {self.name} end to end", self.end_to_end, engines[self.middle], params)
+            save()
+        for e in engines.values():
+            e.release_memory()
+        del engines, engine, model, params
+        gc.collect()
+        if self.tensor > 1 and not self._skip("one GPU's shard", 90):
+            self.shard_part(contexts[self.middle])
+
+    def end_to_end(self, engine, params) -> dict:
+        args = self.args
+        batch = engine.config.max_slots
+        prompts = make_prompts(np.random.default_rng(5), batch, 1, args.prompt_min, args.prompt_max,
+                               self.config.vocab_size)
+        t0 = time.perf_counter()
+        engine.generate(params, prompts, 2, seed=0)                 # compiles the prefill shapes
+        warmup = time.perf_counter() - t0
+        _, stats = engine.generate(params, prompts, args.e2e_new_tokens, seed=1)
+        step_ms = 1e3 * stats.decode_s / max(1, stats.decode_steps)
+        return {"batch": batch, "warmup_s": warmup, "prompt_tokens": stats.prompt_tokens,
+                "prefill_tokens": stats.prefill_tokens, "prefill_s": stats.prefill_s,
+                "prefill_tok_s": stats.prefill_tokens / max(stats.prefill_s, 1e-9),
+                "decode_tok_s": stats.slot_steps_active / max(stats.decode_s, 1e-9), "step_ms": step_ms,
+                "decode_steps": stats.decode_steps, "decode_calls": stats.decode_calls,
+                "mean_context": stats.kv_tokens_read / max(1, stats.slot_steps_active),
+                "total_s": stats.total_s, "peak_gb": _memory_gb(self.gpus, "peak_bytes_in_use")}
+
+    def shard_part(self, context: int) -> None:
+        """One GPU, one tensor-parallel shard of the model: the same per-GPU work without collectives."""
+        import jax
+
+        import sampler_breakdown as parts
+        from kevin_jax import parallel
+        from kevin_jax.model import qwen2
+        from kevin_jax.sampler import SamplerEngine, layout
+        from kevin_jax.sampler.engine import params_of
+
+        c, t = self.config, self.tensor
+        shard = c.replace(num_attention_heads=c.num_attention_heads // t,
+                          num_key_value_heads=c.num_key_value_heads // t,
+                          intermediate_size=c.intermediate_size // t, vocab_size=c.vocab_size // t)
+        one = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=self.gpus[:1])
+        model = qwen2.init_sharded(shard, self._options(), one, seed=0)
+        params = params_of(model)
+        batch = self.middle
+        engine = SamplerEngine(model, self._config(max_slots=batch))
+        weights = engine.weights(params)
+        bytes_shard = shard.matmul_param_count() * 2
+        breakdown = self.record["breakdown"]
+        pool = None
+        for label, lengths in (("one GPU's shard (no collectives)", self._lengths(batch, context, 1)),
+                               ("one GPU's shard, no KV reads", np.full(batch, self.args.page_size, np.int32))):
+            scene = parts.make_scene(model, params, weights, engine.geometry, lengths, 2 * self.args.decode_steps,
+                                     engine.dtype, pool=pool)
+            out = guarded(f"tp {self.name} {label}", parts.step_part, scene, engine,
+                          self.node_tb_s / len(self.gpus) if self.node_tb_s else None, bytes_shard)
+            pool = scene.pool
+            out.update(batch=batch, mean_context=float(np.mean(lengths)), shard_config=dataclass_dict(shard))
+            breakdown[label] = out
+            save()
+        del pool, weights, engine, model, params
+        gc.collect()
+        jax.clear_caches()
+
+
+def jax_backend() -> str:
+    import jax
+    return jax.default_backend()
+
+
+def dataclass_dict(obj) -> dict:
+    import dataclasses
+    return {k: v for k, v in dataclasses.asdict(obj).items() if isinstance(v, (int, float, str))}
+
+
+def _memory_gb(devices, key: str = "bytes_in_use") -> list[float] | None:
+    values = [(d.memory_stats() or {}).get(key) for d in devices]
+    return [round(v / 1e9, 2) for v in values] if all(v is not None for v in values) else None
+
+
+def tp_tables(results: dict) -> str:
+    lines = []
+    for name, r in results.get("tp", {}).items():
+        if "error" in r and "steps" not in r:
+            lines.append(f"{name} on {r.get('gpus')} GPUs: {r['error']}")
+            continue
+        node = r.get("node_tb_s")
+        lines += [f"{name}, {r.get('gpus')} GPUs ({r.get('sampling_mesh')}): roofline = (bf16 weights "
+                  f"{r.get('weight_gb', 0):.1f} GB + live KV) per step / {node or float('nan'):.2f} TB/s "
+                  f"({r.get('gpus')} x {r.get('per_gpu_tb_s') or float('nan'):.2f} TB/s, torch copy_ measured on GPU "
+                  f"0); trainer params {r.get('trainer_params_gb_per_gpu', 0):.1f} GB/GPU, weight copy "
+                  f"{r.get('copy_gb_per_gpu', 0):.1f} GB/GPU in {r.get('copy_again_s', float('nan')):.2f} s; "
+                  f"{r.get('pool_line', '')}", "",
+                  "| batch | mean context | decode tok/s | ms/step | GB/step (weights + KV) | roofline ms | "
+                  "% of roofline | compile + first call s |", "|---|---|---|---|---|---|---|---|"]
+        for batch, s in sorted(r.get("steps", {}).items(), key=lambda kv: int(kv[0])):
+            if "error" in s:
+                lines.append(f"| {batch} | | {s['error'][:100]} | | | | | |")
+                continue
+            ideal = s["bytes_per_step_gb"] / node if node else float("nan")
+            lines.append(f"| {batch} | {s['mean_context']:.0f} | {s['decode_tok_s']:.0f} | {s['ms_per_step']:.2f} | "
+                         f"{s['bytes_per_step_gb']:.1f} | {ideal:.2f} | "
+                         f"{100 * (s.get('roofline_fraction') or float('nan')):.0f}% | {s.get('compile_s', 0):.0f} |")
+        b = r.get("breakdown", {})
+        lines += ["", f"where a step's time goes (batch {next(iter(b.values()), {}).get('batch', '')}):", "",
+                  "| part | ms/step | GB/step | % of its roofline |", "|---|---|---|---|"]
+        for label, s in b.items():
+            if "error" in s:
+                lines.append(f"| {label} | {s['error'][:100]} | | |")
+            else:
+                roof = f"{100 * s['roofline_fraction']:.0f}%" if s.get("roofline_fraction") else ""
+                lines.append(f"| {label} (context {s.get('mean_context', 0):.0f}) | {s['ms_per_step']:.2f} | "
+                             f"{s.get('bytes_per_step_gb', 0):.1f} | {roof} |")
+        steps, e2e = r.get("steps", {}), r.get("e2e", {})
+        middle = next((s for s in b.values() if "batch" in s), {}).get("batch")
+        full, no_kv = steps.get(middle, {}), b.get("no KV reads", {})
+        shard, shard_nokv = b.get("one GPU's shard (no collectives)", {}), b.get("one GPU's shard, no KV reads", {})
+        at_e2e = b.get("at the end-to-end context", {})
+        derived = []
+        if "ms_per_step" in full and "ms_per_step" in no_kv:
+            derived.append(f"KV reads {full['ms_per_step'] - no_kv['ms_per_step']:.2f} ms")
+        if "ms_per_step" in full and "ms_per_step" in shard:
+            without = no_kv.get("ms_per_step", float("nan")) - shard_nokv.get("ms_per_step", float("nan"))
+            derived.append(f"all-reduces and other tensor-parallel costs "
+                           f"{full['ms_per_step'] - shard['ms_per_step']:.2f} ms (with KV), {without:.2f} ms (without)")
+        if "ms_per_step" in shard_nokv:
+            derived.append(f"weights + sampling on one GPU's shard {shard_nokv['ms_per_step']:.2f} ms")
+        if "step_ms" in e2e and "ms_per_step" in at_e2e:
+            derived.append(f"host and scheduling {e2e['step_ms'] - at_e2e['ms_per_step']:.2f} ms (end to end "
+                           f"{e2e['step_ms']:.2f} - scene {at_e2e['ms_per_step']:.2f} at context "
+                           f"{at_e2e.get('mean_context', 0):.0f})")
+        if derived:
+            lines += ["", "derived: " + "; ".join(derived)]
+        if "decode_tok_s" in e2e:
+            lines += ["", f"end to end (batch {e2e['batch']}, distinct prompts): decode {e2e['decode_tok_s']:.0f} "
+                      f"tok/s ({e2e['step_ms']:.2f} ms/step, mean context {e2e['mean_context']:.0f}), prefill "
+                      f"{e2e['prefill_tok_s']:.0f} tok/s ({e2e['prefill_tokens']} tokens in {e2e['prefill_s']:.1f} s), "
+                      f"warm-up (prefill compiles) {e2e['warmup_s']:.0f} s, peak GB per GPU {e2e.get('peak_gb')}"]
+        elif e2e:
+            lines += ["", f"end to end: {e2e.get('error', '')[:200]}"]
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------- main
 def main(argv=None):
     global OUT_PATH
@@ -533,6 +875,9 @@ def main(argv=None):
 
     import jax
 
+    if args.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     RESULTS["env"] = {"jax": jax.__version__, "backend": jax.default_backend(),
                       "device": str(jax.local_devices()[0].device_kind), "python": platform.python_version(),
                       "args": vars(args)}
@@ -549,6 +894,18 @@ def main(argv=None):
     print(f"[copy] roofline {roofline} TB/s (torch {RESULTS['copy']['torch'].get('tb_s')}, "
           f"jax {RESULTS['copy']['jax'].get('tb_s')})", flush=True)
 
+    if args.gpus:
+        for name in configs:
+            try:
+                TensorParallelBench(name, args, roofline).run()
+            except Exception as e:  # noqa: BLE001 - recorded, the JSON and tables still come out
+                RESULTS.setdefault("tp", {}).setdefault(name, {}).update(error_record(e))
+                print(f"[tp {name}] {RESULTS['tp'][name]['error']}", flush=True)
+            save()
+        print(tables(RESULTS, one_gpu=False))
+        print(tp_tables(RESULTS))
+        print(f"wrote {args.out} ({elapsed():.0f}s)")
+        return
     varied_at = dict(item.split("=") for item in args.varied_at.split(",") if item)
     first_order: list[str] = []
     for index, name in enumerate(configs):
@@ -591,7 +948,7 @@ def main(argv=None):
     print(f"wrote {args.out} ({elapsed():.0f}s)")
 
 
-def tables(results: dict) -> str:
+def tables(results: dict, one_gpu: bool = True) -> str:
     roofline = results.get("roofline_tb_s")
     copy = results.get("copy", {})
     jax_copy = copy.get("jax", {})
@@ -601,7 +958,9 @@ def tables(results: dict) -> str:
              f"JAX elementwise {jax_copy.get('tb_s') or float('nan'):.2f} TB/s "
              f"({jax_copy.get('best', {}).get('dtype')}, {jax_copy.get('best', {}).get('gib')} GiB); "
              f"first run's method {jax_copy.get('old_method', {}).get('tb_s') or float('nan'):.2f} TB/s. "
-             f"Roofline used: {roofline or float('nan'):.2f} TB/s", ""]
+             f"Roofline used: {roofline or float('nan'):.2f} TB/s" + ("" if one_gpu else " per GPU"), ""]
+    if not one_gpu:
+        return "\n".join(lines)
     for name, m in results.get("models", {}).items():
         scene = m.get("scene", {})
         lines += [f"{name}: breakdown of one decode step at batch {scene.get('batch')}, mean cache "

@@ -1,9 +1,10 @@
 """Where one decode step of the sampler spends its time: the parts of the step timed apart on the same shapes.
 
 Used by benchmarks/sampler.py. A `Scene` is one decode batch frozen at realistic cache lengths: a KV pool of the
-engine's geometry filled with random values, page tables over randomly placed pages, and the model's weights. Each
-part runs `iterations` times inside one jitted fori_loop (device time only, no host round trip), chained through a
-carried value so that nothing is hoisted out of the loop:
+engine's geometry filled with random values, page tables over randomly placed pages, and the sampler's weights (on
+the engine's mesh when it has one: the parts then run tensor-parallel, as the sampler does). Each part runs
+`iterations` times inside one jitted fori_loop (device time only, no host round trip), chained through a carried value
+so that nothing is hoisted out of the loop:
 
   layers       the decoder layers' matmuls, norms and RoPE with the attention replaced by a no-op (out = q, nothing
                written): the weight-streaming part of a step; "unrolled" over per-layer weight copies (what the
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kevin_jax import parallel
 from kevin_jax.model import qwen2
 from kevin_jax.sampler import kv_cache, sampling, steps
 from kevin_jax.sampler.kv_cache import KVPool
@@ -36,11 +38,24 @@ from kevin_jax.sampler.kv_cache import KVPool
 class Scene:
     model: qwen2.Qwen2ForCausalLM
     params: object                  # nnx.State of the model
-    weights: steps.DecodeWeights    # per-layer compute-dtype copies (engine.functions.prepare)
+    weights: steps.SamplerWeights   # what the sampler reads (engine.weights(params))
     geometry: kv_cache.PoolGeometry
     lengths: np.ndarray             # [B] tokens in each slot's cache
     tables: np.ndarray              # [B, W] layer-0 page ids (room for `headroom` more tokens)
     pool: KVPool
+    mesh: object = None             # the engine's mesh (None = one device)
+    tensor_axis: str | None = None
+
+    def traced(self, fn):
+        """fn traced under the mesh's activation-sharding rules (what the engine's step functions do)."""
+        if self.mesh is None:
+            return fn
+
+        @functools.wraps(fn)
+        def wrapped(*args):
+            with parallel.activation_sharding(self.mesh):
+                return fn(*args)
+        return wrapped
 
     @property
     def batch(self) -> int:
@@ -51,11 +66,11 @@ class Scene:
         return float(self.lengths.sum()) * self.geometry.bytes_per_token(jnp.bfloat16) / self.geometry.num_layers
 
 
-def random_pool(geometry: kv_cache.PoolGeometry, dtype, seed: int = 0) -> KVPool:
+def random_pool(geometry: kv_cache.PoolGeometry, dtype, seed: int = 0, sharding=None) -> KVPool:
     """A pool of finite random values (exponent-limited random bits: no NaN/Inf, no big float32 temporary)."""
     shape = kv_cache.pool_shape(geometry)
 
-    @jax.jit
+    @functools.partial(jax.jit, out_shardings=None if sharding is None else (sharding, sharding))
     def create(key):
         def one(k):
             bits = jax.random.bits(k, shape, jnp.uint16)
@@ -74,10 +89,11 @@ def scene_pages(lengths, headroom: int, page_size: int, share: int, shared_token
 
 
 def make_scene(model, params, weights, geometry, lengths: np.ndarray, headroom: int, dtype, *, share: int = 1,
-               shared_tokens: int = 0, seed: int = 0) -> Scene:
+               shared_tokens: int = 0, seed: int = 0, engine=None, pool: KVPool | None = None) -> Scene:
     """Slots holding `lengths` tokens on randomly placed pages (room for `headroom` more tokens). Like the
     benchmark's prompts, each group of `share` consecutive slots shares the pages of its first `shared_tokens`
-    tokens (the common prompt), which also keeps the pool small enough for large batches."""
+    tokens (the common prompt), which also keeps the pool small enough for large batches. engine: put the pool on its
+    mesh (and run the parts there); pool: reuse this one (its values do not matter) instead of making one."""
     page = geometry.page_size
     shared = min(shared_tokens, int(np.min(lengths))) // page
     need = scene_pages(lengths, headroom, page, share, shared_tokens)
@@ -91,8 +107,12 @@ def make_scene(model, params, weights, geometry, lengths: np.ndarray, headroom: 
             prefix = [next(free) for _ in range(shared)]
         own = kv_cache.pages_for(int(n) + headroom, page) - shared
         tables[row, :shared + own] = prefix + [next(free) for _ in range(own)]
-    return Scene(model, params, weights, geometry, np.asarray(lengths, np.int32), tables,
-                 random_pool(geometry, dtype, seed))
+    mesh = engine.mesh if engine is not None else None
+    axis = engine.tensor_axis if engine is not None else None
+    if pool is None:
+        from kevin_jax.sampler import layout
+        pool = random_pool(geometry, dtype, seed, layout.sharding_of_pool(mesh, axis))
+    return Scene(model, params, weights, geometry, np.asarray(lengths, np.int32), tables, pool, mesh, axis)
 
 
 def timed(run, args, repeats: int = 3) -> tuple[float, float]:
@@ -138,14 +158,16 @@ def attention_part(scene: Scene, impl: str, pallas: kv_cache.PallasParams | None
     """One layer's decode attention (layer i % L at iteration i), times num_layers."""
     g = scene.geometry
     q0 = jax.random.normal(jax.random.key(1), (scene.batch, g.q_heads, g.head_dim), jnp.bfloat16)
+    kernel = kv_cache.shard_heads(functools.partial(kv_cache.paged_decode_attention_pallas, params=pallas),
+                                  scene.mesh, scene.tensor_axis) if impl == "pallas" else None
 
     @jax.jit
+    @scene.traced
     def run(q, pool, tables, lengths):
         def body(i, q):
             layer = i % g.num_layers
             if impl == "pallas":
-                out = kv_cache.paged_decode_attention_pallas(q, pool.k, pool.v, tables + layer * g.pages_per_layer,
-                                                             lengths, params=pallas)
+                out = kernel(q, pool.k, pool.v, tables + layer * g.pages_per_layer, lengths)
             else:
                 out = kv_cache.paged_attention_xla(q[:, None], pool, layer, tables, (lengths - 1)[:, None], lengths,
                                                    g)[:, 0]
@@ -167,6 +189,7 @@ def kv_write_part(scene: Scene, roofline_tb_s, iterations: int = 8) -> dict:
     k = jax.random.normal(jax.random.key(2), (scene.batch, 1, g.kv_heads, g.head_dim), jnp.bfloat16)
 
     @functools.partial(jax.jit, donate_argnums=0)
+    @scene.traced
     def run(pool, k):
         def body(i, pool):
             return kv_cache.write_kv(pool, i % g.num_layers, k, k, pages, offsets, g)
@@ -183,7 +206,8 @@ def _swap_pool(scene: Scene, pool: KVPool) -> KVPool:
 
 
 def layers_part(scene: Scene, layer_loop: str, roofline_tb_s, weight_bytes: float, iterations: int = 4) -> dict:
-    """The decoder layers without attention (out = q): weight streaming, per step."""
+    """The decoder layers without attention (out = q): weight streaming, per step ("unrolled" over the sampler's
+    per-layer copies, or "scan" over the model's stacked parameters)."""
     model = scene.model
     graphdef, _ = nnx.split(model)
     layer_graphdef = nnx.split(model.layers)[0]
@@ -195,13 +219,14 @@ def layers_part(scene: Scene, layer_loop: str, roofline_tb_s, weight_bytes: floa
         return q, state
 
     @jax.jit
-    def run(params, weights, x, positions):
+    @scene.traced
+    def run(params, layers, x, positions):
         rope = qwen2.rope_tables(positions, config.head_dim, config.rope_theta)
         stacked = nnx.split(nnx.merge(graphdef, params).layers)[1]
 
         def body(i, x):
             if layer_loop == "unrolled":
-                for layer_params in weights.layers:
+                for layer_params in layers:
                     x, _ = nnx.merge(layer_graphdef, layer_params)(x, rope, no_attention, None, None)
                 return x
 
@@ -210,8 +235,8 @@ def layers_part(scene: Scene, layer_loop: str, roofline_tb_s, weight_bytes: floa
             return jax.lax.scan(one, x, stacked)[0]
         return jax.lax.fori_loop(0, iterations, body, x)
 
-    weights = scene.weights if layer_loop == "unrolled" else None
-    first, seconds = timed(run, (scene.params, weights, x0, positions))
+    layers = scene.weights.layers if layer_loop == "unrolled" else None
+    first, seconds = timed(run, (scene.params, layers, x0, positions))
     flops = 2.0 * config.num_hidden_layers * config.layer_param_count() * scene.batch
     return _record(seconds / iterations, 1, weight_bytes, roofline_tb_s, first, matmul_flops=flops)
 
@@ -222,15 +247,20 @@ def sample_part(scene: Scene, temperature: float, roofline_tb_s, with_head: bool
     config = model.config
     batch = scene.batch
     ids = jnp.arange(batch, dtype=jnp.int32)
-    head = scene.weights.head
+    head = scene.weights.head_weight()
     normed0 = jax.random.normal(jax.random.key(4), (batch, config.hidden_size), model.options.compute_dtype)
     logits0 = 3.0 * jax.random.normal(jax.random.key(5), (batch, config.vocab_size), jnp.float32)
+    if scene.mesh is not None:        # logits split over the vocabulary, as the head's output is
+        logits0 = jax.device_put(logits0, jax.sharding.NamedSharding(
+            scene.mesh, jax.sharding.PartitionSpec(None, scene.tensor_axis)))
 
     @jax.jit
+    @scene.traced
     def run(normed, logits, head):
         def body(i, carry):
             normed, total = carry
-            current = steps.head_logits(model, normed, head) if with_head else logits
+            current = (steps.head_logits(normed, head, model.options.compute_dtype, model.options.precision)
+                       if with_head else logits)
             keys = sampling.token_keys(jnp.uint32(7), ids, jnp.full((batch,), i, jnp.int32))
             drawn = sampling.sample(current, keys, temperature=temperature, top_k=0, top_p=1.0)
             total = total + jnp.sum(drawn.logprobs) + jnp.sum(drawn.policy_logprobs)
@@ -260,11 +290,10 @@ def step_part(scene: Scene, engine, roofline_tb_s, weight_bytes: float) -> dict:
         max_new=np.full(slots, 1 << 30, np.int32), active=np.ones(slots, bool),
         sequence_ids=np.arange(slots, dtype=np.int32), tables=scene.tables,
         recent=np.full((slots, engine.recent_width), -1, np.int32))
-    weights = scene.weights if engine.config.layer_loop == "unrolled" else None
+    weights = scene.weights if engine.config.layer_loop == "unrolled" else engine.weights(scene.params)
 
     def run():
-        pool, _, out = engine.functions.decode(scene.params, weights, scene.pool, state, np.uint32(0),
-                                               np.int32(slots + 1))
+        pool, _, out = engine.functions.decode(weights, scene.pool, state, np.uint32(0), np.int32(slots + 1))
         scene.pool = pool
         return out.steps
 

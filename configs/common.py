@@ -39,7 +39,8 @@ def defaults() -> ConfigDict:
                                aggregation="sum", normalize_std=True, baseline="mean", std_eps=1e-6))
     c.sampler = ConfigDict(dict(
         temperature=0.9, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(), stop_strings=(), max_slots=64,
-        max_seq_len=32768, page_size=16, num_pages=0, kv_cache_fraction=0.5, decode_steps=32, refill_fraction=0.125,
+        max_seq_len=32768, page_size=16, num_pages=0, kv_cache_gb=0.0, kv_cache_fraction=0.5, tensor_parallel=0,
+        decode_steps=32, refill_fraction=0.125,
         prefill_tokens=4096, prefill_chunk=1024, prefix_sharing=True, attention="auto", attention_block_tokens=0,
         attention_split_tokens=0, attention_warps=0, attention_stages=0, layer_loop="unrolled", layer_unroll=1))
     c.eval = ConfigDict(dict(

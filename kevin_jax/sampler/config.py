@@ -29,10 +29,20 @@ class SamplerConfig:
       max_seq_len: longest prompt + generation of one sequence. A prompt must be shorter; generation is cut at this
         length (stop_reason "length").
       page_size: tokens per KV page (power of two).
-      num_pages: KV pages per layer, shared by all slots (page 0 is a scratch page). 0 = automatic: enough for
-        max_slots sequences of max_seq_len (the dense worst case), capped on a GPU at kv_cache_fraction of the
-        memory free when the sampler is built (build it after the training state is allocated).
-      kv_cache_fraction: see num_pages; 0 = no cap. Ignored on CPU.
+      num_pages: KV pages per layer, shared by all slots (page 0 is a scratch page). 0 = sized by kv_cache_gb or
+        kv_cache_fraction (kv_cache.plan_pool); the engine logs the result ("KV pool: N pages = X GB per device,
+        holds Y tokens = Z sequences of 16k"). When the pool holds fewer than max_slots sequences of max_seq_len,
+        sequences are admitted while pages last and the most recently admitted one is preempted (its cache
+        recomputed later) when a running sequence needs a page: the slots stay busy, nothing fails.
+      kv_cache_gb: pool size per device in GB (0 = use kv_cache_fraction).
+      kv_cache_fraction: on a GPU, the pool takes this fraction of the device memory left when the sampler is built
+        (JAX's limit, i.e. gpu.jax_memory_fraction of the card, minus what is in use then, minus the sampler's
+        own weight copy and workspace); build it after the training state is allocated. Capped at the dense worst
+        case (max_slots sequences of max_seq_len); 0 = the dense worst case. Ignored on CPU.
+      tensor_parallel: devices that split each layer (and the KV cache, by KV heads) while sampling. 0 = the
+        largest divisor of the mesh's device count that divides the KV heads, query heads, MLP width and vocabulary
+        (every device for QwQ-32B on 1, 2, 4 or 8 GPUs); other devices hold replicas that split the slots.
+        The sampler copies the parameters into this layout at each generate call (kevin_jax.sampler.layout).
       decode_steps: decode steps per jitted call (a device loop that returns early once `refill_fraction` of the
         slots have finished while prompts wait). Larger = fewer host round trips, later refills.
       refill_fraction: fraction of max_slots that must be free before a decode call returns early to refill them.
@@ -51,11 +61,12 @@ class SamplerConfig:
         table is split into table_width / split programs per sequence and KV head, combined afterwards), Triton warps
         per program, software-pipelining stages. benchmarks/sampler.py sweeps them on the GPU.
       layer_loop: how decode runs the decoder layers. "unrolled": at the start of each generate call every layer's
-        weights are copied once into separate arrays in the compute dtype (one extra copy of the layer weights in
-        device memory while generating; none when nothing else changes), and the decode step runs the layers as
-        straight-line code that reads those arrays in place. "scan": lax.scan over the stacked parameters (no extra
-        memory; XLA:GPU then copies every layer's weights out of the stack on every decode step, ~3x the weight
-        traffic, and with float32 parameters converts them to the compute dtype every step too).
+        weights are copied once into separate arrays in the compute dtype and the sampling layout (one extra copy of
+        the weights in device memory while generating, split over the tensor-parallel devices), and the decode step
+        runs the layers as straight-line code that reads those arrays in place. "scan": lax.scan over the stacked
+        parameters (no extra memory when the parameters already have the sampling layout, e.g. on one device, else
+        one stacked copy; XLA:GPU then copies every layer's weights out of the stack on every decode step, ~3x the
+        weight traffic, and with float32 parameters converts them to the compute dtype every step too).
       layer_unroll: unroll factor of that scan (layer_loop="scan" only, and of prefill's scan; True = fully unrolled).
     """
     temperature: float = 0.9
@@ -68,7 +79,9 @@ class SamplerConfig:
     max_seq_len: int = 32768
     page_size: int = 16
     num_pages: int = 0
+    kv_cache_gb: float = 0.0
     kv_cache_fraction: float = 0.5
+    tensor_parallel: int = 0
     decode_steps: int = 32
     refill_fraction: float = 0.125
     prefill_tokens: int = 4096
@@ -107,6 +120,10 @@ class SamplerConfig:
             raise ValueError(f"sampler.page_size must be a power of two, got {self.page_size}")
         if self.num_pages < 0:
             raise ValueError(f"sampler.num_pages must be >= 0 (0 = automatic), got {self.num_pages}")
+        if self.kv_cache_gb < 0:
+            raise ValueError(f"sampler.kv_cache_gb must be >= 0 (0 = use kv_cache_fraction), got {self.kv_cache_gb}")
+        if self.tensor_parallel < 0:
+            raise ValueError(f"sampler.tensor_parallel must be >= 0 (0 = automatic), got {self.tensor_parallel}")
         if not 0.0 <= self.kv_cache_fraction < 1.0:
             raise ValueError(f"sampler.kv_cache_fraction must be in [0, 1), got {self.kv_cache_fraction}")
         if not 0.0 < self.refill_fraction <= 1.0:

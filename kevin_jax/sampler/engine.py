@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from kevin_jax.model import qwen2
-from kevin_jax.sampler import kv_cache, steps
+from kevin_jax.sampler import kv_cache, layout, steps
 from kevin_jax.sampler.config import SamplerConfig
 from kevin_jax.sampler.pages import OutOfPages, PageAllocator, prefix_hashes
 
@@ -106,16 +106,19 @@ class SamplerEngine:
     def __init__(self, model: qwen2.Qwen2ForCausalLM, config: SamplerConfig, *, mesh=None,
                  stop_ids: Sequence[int] | None = None,
                  device_guard: Callable[[], contextlib.AbstractContextManager] | None = None):
-        """mesh: where decode runs (default: the mesh of the model's parameters, or none for one device). KV heads
-        are split over its 'tensor' axis; other axes hold copies of the KV pool. device_guard: entered around each
-        device call (a prefill, a decode call) until its results are on the host; on a GPU shared with cuda_eval it
-        is the evaluator's device_share, so that kernel timing never overlaps sampling."""
+        """mesh: the devices to sample on (default: the mesh of the model's parameters, or none for one device). The
+        engine runs on a mesh of its own over them (kevin_jax.sampler.layout: tensor parallelism over
+        sampler.tensor_parallel devices, replicas over the rest) and copies the parameters into that layout at each
+        generate call. device_guard: entered around each device call (a prefill, a decode call) until its results
+        are on the host; on a GPU shared with cuda_eval it is the evaluator's device_share, so that kernel timing
+        never overlaps sampling."""
         self.config = config
         self.device_guard = device_guard or contextlib.nullcontext
         self.model_config = model.config
         self.options = model.options
         self.graphdef = nnx.split(model)[0]
-        self.mesh = mesh if mesh is not None else mesh_of(model)
+        self.param_mesh = mesh if mesh is not None else mesh_of(model)
+        self.mesh = layout.sampling_mesh(self.param_mesh, model.config, config.tensor_parallel)
         mesh = self.mesh
         self.vocab_size = model.config.vocab_size
         self.stop_ids = tuple(int(i) for i in (config.stop_ids if stop_ids is None else stop_ids))
@@ -124,22 +127,32 @@ class SamplerEngine:
                 raise ValueError(f"stop token id {token} is outside the vocabulary [0, {self.vocab_size})")
         self.dtype = model.options.compute_dtype
         # Where decode runs: the mesh's devices (tests put CPU meshes next to a GPU), else the default backend.
-        self.platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+        devices = list(mesh.devices.flat) if mesh is not None else (
+            list(self.param_mesh.devices.flat) if self.param_mesh is not None else jax.local_devices()[:1])
+        self.platform = devices[0].platform
         self.tensor_axis = kv_cache.tensor_axis_for(mesh, model.config.num_key_value_heads)
+        self.tensor_parts = mesh.shape[self.tensor_axis] if self.tensor_axis else 1
 
         page = config.page_size
         probe = kv_cache.make_geometry(model.config, pages_per_layer=2, page_size=page, max_seq_len=config.max_seq_len)
-        tensor_parts = mesh.shape[self.tensor_axis] if self.tensor_axis else 1
-        device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
-        pages = config.num_pages or kv_cache.auto_pages_per_layer(
-            config.max_slots * config.max_seq_len, page, probe.bytes_per_token(self.dtype) * page // tensor_parts,
-            config.kv_cache_fraction, device)
+        self.weight_copy_bytes = self._weight_copy_bytes(model)
+        limits = [kv_cache.memory_limits(d) for d in devices]
+        known = [limit for limit, _ in limits if limit]
+        self.pool_plan = kv_cache.plan_pool(
+            worst_case_tokens=config.max_slots * config.max_seq_len, page_size=page,
+            page_bytes_per_device=probe.bytes_per_token(self.dtype) * page // self.tensor_parts,
+            num_pages=config.num_pages, kv_cache_gb=config.kv_cache_gb, fraction=config.kv_cache_fraction,
+            limit_bytes=min(known) if known else None, in_use_bytes=max(used for _, used in limits),
+            weight_copy_bytes=self.weight_copy_bytes,
+            workspace=kv_cache.workspace_bytes(model.config, prefill_tokens=config.prefill_tokens,
+                                               slots=config.max_slots, tensor=self.tensor_parts))
+        pages = self.pool_plan.pages_per_layer
         self.geometry = kv_cache.make_geometry(model.config, pages_per_layer=pages, page_size=page,
                                                max_seq_len=config.max_seq_len)
         if pages - 1 < kv_cache.pages_for(config.max_seq_len, page):
             raise ValueError(f"KV pool of {pages - 1} usable pages x {page} tokens cannot hold one sequence of "
-                             f"max_seq_len={config.max_seq_len}; raise num_pages / kv_cache_fraction or lower "
-                             f"max_seq_len")
+                             f"max_seq_len={config.max_seq_len}; raise num_pages / kv_cache_gb / kv_cache_fraction "
+                             f"or lower max_seq_len ({self.pool_plan.rule})")
         self.pallas_params = kv_cache.pallas_params(
             self.geometry, interpret=self.platform != "gpu", block_tokens=config.attention_block_tokens,
             split_tokens=config.attention_split_tokens, warps=config.attention_warps, stages=config.attention_stages)
@@ -150,11 +163,27 @@ class SamplerEngine:
             stop_ids=self.stop_ids, stop_patterns=steps.stop_patterns(config.stop_sequences, self.recent_width),
             decode_impl=self.decode_impl, pallas=self.pallas_params if self.decode_impl == "pallas" else None,
             layer_unroll=config.layer_unroll, decode_steps=config.decode_steps, layer_loop=config.layer_loop)
-        self.functions = steps.step_functions(self.graphdef, settings, mesh, self.tensor_axis)
+        self.functions = steps.step_functions(model, settings, mesh, self.tensor_axis)
         self._pool: kv_cache.KVPool | None = None
-        log.info("sampler: %d pages x %d tokens per layer (%.2f GiB KV pool), %d slots, decode attention %s (%s), "
-                 "layers %s", pages, page, self.geometry.pool_bytes(self.dtype) / 2**30, config.max_slots,
-                 self.decode_impl, self.decode_impl_reason, config.layer_loop)
+        log.info("sampler: %s; %s", self.pool_plan.describe(config.max_slots, config.max_seq_len,
+                                                           layout.describe(mesh)), self.describe_weights())
+        log.info("sampler: decode attention %s (%s), layers %s", self.decode_impl, self.decode_impl_reason,
+                 config.layer_loop)
+
+    def _weight_copy_bytes(self, model) -> int:
+        """Device bytes of the weight copy each generate call makes (0 when the scan reads the parameters)."""
+        if self.config.layer_loop == "scan":
+            weights = layout.extract(model, copy=False, unrolled=False)
+            if self.mesh is None or layout.has_layout(
+                    weights, layout.weight_shardings(jax.eval_shape(lambda w: w, weights), self.mesh)):
+                return 0
+        return layout.copy_bytes_per_device(model.config, self.dtype, self.tensor_parts)
+
+    def describe_weights(self) -> str:
+        if not self.weight_copy_bytes:
+            return "weights read in place (layer_loop=scan, parameters already in the sampling layout)"
+        return (f"weight copy per generate call: {self.weight_copy_bytes / 1e9:.2f} GB per device "
+                f"({layout.describe(self.mesh)}, {np.dtype(self.dtype).name})")
 
     # ------------------------------------------------------------------ set-up
     def _pick_decode_impl(self) -> tuple[str, str]:
@@ -172,11 +201,18 @@ class SamplerEngine:
 
     def pool(self) -> kv_cache.KVPool:
         if self._pool is None:
-            sharding = None
-            if self.mesh is not None:
-                sharding = NamedSharding(self.mesh, PartitionSpec(self.tensor_axis, None, None, None))
-            self._pool = kv_cache.init_pool(self.geometry, self.dtype, sharding)
+            self._pool = kv_cache.init_pool(self.geometry, self.dtype,
+                                            layout.sharding_of_pool(self.mesh, self.tensor_axis))
         return self._pool
+
+    def weights(self, params) -> steps.SamplerWeights:
+        """What prefill and decode read, from the model's parameters: the copy in the sampling layout, or (scan, when
+        the parameters already have that layout) the parameters themselves."""
+        if self.config.layer_loop == "scan":
+            view = self.functions.view(params)
+            if view is not None:
+                return view
+        return self.functions.prepare(params)
 
     def release_memory(self) -> None:
         """Drops the KV pool (e.g. before a training step needs the memory); the next generate re-creates it."""
@@ -219,9 +255,9 @@ class SamplerEngine:
         sequences = self._sequences(prompts, max_new_tokens)
         stats = GenerateStats(sequences=len(sequences), prompt_tokens=sum(len(s.prompt) for s in sequences))
         if sequences:
-            # The unrolled decode reads per-layer compute-dtype copies of the weights, made once here (freed on return).
-            weights = self.functions.prepare(params) if self.config.layer_loop == "unrolled" else None
-            run = _Run(self, params, weights, sequences, int(seed) & 0xFFFFFFFF, stop_check, stats)
+            # The copy in the sampling layout (tensor-parallel, compute dtype), made once here and freed on return.
+            weights = self.weights(params)
+            run = _Run(self, weights, sequences, int(seed) & 0xFFFFFFFF, stop_check, stats)
             self._pool = run.execute(self.pool())
         stats.total_s = time.perf_counter() - start
         results = [SampleResult(s.tokens, s.logprobs, s.policy_logprobs, s.reason, len(s.prompt)) for s in sequences]
@@ -231,11 +267,10 @@ class SamplerEngine:
 class _Run:
     """The state of one generate call (host mirror of the slots, page allocator, queues)."""
 
-    def __init__(self, engine: SamplerEngine, params, weights: steps.DecodeWeights | None, sequences: list[_Sequence],
-                 seed: int, stop_check: StopCheck | None, stats: GenerateStats):
+    def __init__(self, engine: SamplerEngine, weights: steps.SamplerWeights, sequences: list[_Sequence], seed: int,
+                 stop_check: StopCheck | None, stats: GenerateStats):
         self.engine = engine
         self.config = engine.config
-        self.params = params
         self.weights = weights
         self.seed = np.uint32(seed)
         self.stop_check = stop_check
@@ -344,7 +379,7 @@ class _Run:
                     # one partial page each, the rest shared) must not pay attention over per_call padded rows.
                     rows = min(per_call, 1 << (len(part) - 1).bit_length())
                     batch = self._prefill_batch(part, contexts, width, rows)
-                    pool, sample, reasons = self.engine.functions.prefill(self.params, pool, batch, self.seed)
+                    pool, sample, reasons = self.engine.functions.prefill(self.weights, pool, batch, self.seed)
                     self.stats.prefill_calls += 1
                     drawn.append((part, sample, reasons))
         for part, sample, reasons in drawn:
@@ -461,7 +496,7 @@ class _Run:
             threshold = slots + 1
         active_before = self.state.active.copy()
         cache_before = self.state.cache_len.copy()
-        pool, new_state, out = self.engine.functions.decode(self.params, self.weights, pool, self.state, self.seed,
+        pool, new_state, out = self.engine.functions.decode(self.weights, pool, self.state, self.seed,
                                                             np.int32(threshold))
         out = jax.tree.map(np.asarray, out)
         new_state = jax.tree.map(np.array, new_state)               # writable host copies

@@ -228,18 +228,88 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size) if tokens > 0 else 0
 
 
-def auto_pages_per_layer(worst_case_tokens: int, page_size: int, page_bytes_per_device: int, fraction: float,
-                         device) -> int:
-    """Pages per layer: the dense worst case, or `fraction` of the device memory free now when that is smaller (GPU;
-    other platforms report no memory statistics)."""
+# Sequence length the pool's capacity is quoted in (Kevin's response budget).
+QUOTE_TOKENS = 16384
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPlan:
+    """How big the KV pool is and why (kevin_jax.sampler.kv_cache.plan_pool)."""
+    pages_per_layer: int          # including the scratch page 0
+    page_size: int
+    bytes_per_device: int         # K + V bytes of the pool on each device
+    rule: str                     # how it was sized, in words
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the pool holds at once (pages shared by a common prompt prefix count once)."""
+        return (self.pages_per_layer - 1) * self.page_size
+
+    def describe(self, slots: int, max_seq_len: int, where: str) -> str:
+        return (f"KV pool: {self.pages_per_layer} pages x {self.page_size} tokens = "
+                f"{self.bytes_per_device / 1e9:.2f} GB per device ({where}), holds {self.tokens} tokens = "
+                f"{self.tokens / QUOTE_TOKENS:.1f} sequences of {QUOTE_TOKENS // 1024}k "
+                f"({self.tokens / max_seq_len:.1f} of max_seq_len={max_seq_len}) for {slots} slots; {self.rule}")
+
+
+def workspace_bytes(model, *, prefill_tokens: int, slots: int, tensor: int) -> int:
+    """Device memory the sampler's calls need besides weights and pool, per device (an upper bound): a prefill call's
+    activations (float32, every per-token tensor of one layer live at once), the decode logits and sampling
+    temporaries (float32 [slots, vocab / tensor], x4), and 1 GiB for collectives, cuBLAS and XLA workspaces."""
+    per_token = (4 * model.hidden_size
+                 + (3 * model.intermediate_size + 2 * model.num_attention_heads * model.head_dim
+                    + 4 * model.num_key_value_heads * model.head_dim) // tensor)
+    prefill = prefill_tokens * per_token * 4
+    decode = 4 * slots * (model.vocab_size // tensor) * 4
+    return max(prefill, decode) + (1 << 30)
+
+
+def plan_pool(*, worst_case_tokens: int, page_size: int, page_bytes_per_device: int, num_pages: int = 0,
+              kv_cache_gb: float = 0.0, fraction: float = 0.0, limit_bytes: int | None = None,
+              in_use_bytes: int = 0, weight_copy_bytes: int = 0, workspace: int = 0) -> PoolPlan:
+    """Pages per layer of the KV pool, by the first rule that applies:
+      num_pages > 0     exactly that many;
+      kv_cache_gb > 0   that many GB per device;
+      fraction > 0 and the device reports its memory limit (GPU): that fraction of what is left of the limit (JAX's
+                        cap, gpu.jax_memory_fraction of the card) after what is in use now, the sampler's weight copy
+                        (made at each generate call) and its workspace;
+      otherwise         the dense worst case (every slot at max_seq_len).
+    The explicit and memory rules are capped at the dense worst case (more pages could never be used)."""
     worst = pages_for(worst_case_tokens, page_size) + 1
-    if fraction <= 0 or device.platform != "gpu":
-        return worst
-    stats = device.memory_stats() or {}
-    free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-    if free <= 0:
-        return worst
-    return max(2, min(worst, int(free * fraction) // page_bytes_per_device))
+    gb = 1e9
+    if num_pages:
+        pages, rule = num_pages, "sampler.num_pages"
+    elif kv_cache_gb > 0:
+        pages = min(worst, max(2, int(kv_cache_gb * gb) // page_bytes_per_device))
+        rule = f"sampler.kv_cache_gb={kv_cache_gb:g}" + (" (capped at the dense worst case)" if pages == worst else "")
+    elif fraction > 0 and limit_bytes:
+        left = limit_bytes - in_use_bytes - weight_copy_bytes - workspace
+        if left < 2 * page_bytes_per_device:
+            raise ValueError(
+                f"no device memory left for the KV pool: limit {limit_bytes / gb:.1f} GB - in use "
+                f"{in_use_bytes / gb:.1f} - the sampler's weight copy {weight_copy_bytes / gb:.1f} - workspace "
+                f"{workspace / gb:.1f} = {left / gb:.1f} GB. Free memory before sampling, raise gpu.jax_memory_fraction, use more devices "
+                f"(tensor parallelism splits the weight copy), or set sampler.kv_cache_gb / num_pages")
+        pages = min(worst, max(2, int(left * fraction) // page_bytes_per_device))
+        rule = (f"sampler.kv_cache_fraction={fraction:g} of {left / gb:.1f} GB = limit {limit_bytes / gb:.1f} - in use "
+                f"{in_use_bytes / gb:.1f} - weight copy {weight_copy_bytes / gb:.1f} - workspace {workspace / gb:.1f}")
+        if pages == worst:
+            rule += " (capped at the dense worst case)"
+    else:
+        pages, rule = worst, "the dense worst case (max_slots x max_seq_len)"
+    return PoolPlan(pages_per_layer=pages, page_size=page_size, bytes_per_device=pages * page_bytes_per_device,
+                    rule=rule)
+
+
+def memory_limits(device) -> tuple[int | None, int]:
+    """(bytes JAX may use on `device`, bytes in use now); (None, 0) where the platform reports no statistics."""
+    if device.platform != "gpu":
+        return None, 0
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - e.g. a compile-only (deviceless) device: no statistics to read
+        return None, 0
+    return stats.get("bytes_limit") or None, stats.get("bytes_in_use", 0)
 
 
 def tensor_axis_for(mesh, kv_heads: int, axis: str = "tensor") -> str | None:

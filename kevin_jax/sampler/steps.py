@@ -1,12 +1,20 @@
-"""The jitted device work of the sampler: a cached forward through the model's own layers, prefill, and a decode loop.
+"""The jitted device work of the sampler: the weight copy, a cached forward through the model's own layers, prefill,
+and a decode loop.
 
 The layers are the model's own `DecoderLayer`s, run through its attention hook (docs/ARCHITECTURE.md, Contract 3): the
-sampler's attention_fn writes the new keys/values into the paged pool and attends over the pages. The layer loop is a
-scan here (not `Qwen2ForCausalLM.run_layers`) only because the pool must ride in the scan *carry*: as run_layers'
-per-layer scanned state it would be re-stacked, i.e. copied whole, on every decode step.
+sampler's attention_fn writes the new keys/values into the paged pool and attends over the pages. The pool is threaded
+through the layers as one carried buffer (in-place scatters), never as a per-layer scanned state (which would be
+re-stacked, i.e. copied whole, on every decode step).
+
+Everything reads `SamplerWeights` (kevin_jax.sampler.layout): the parameters copied once per generate call into the
+sampling layout (tensor-parallel over the sampler's mesh) and the compute dtype. Decode runs all layers in one jitted
+device loop. Prefill runs one jitted call per layer from the host, so that it reads the same per-layer arrays as decode
+(no second copy of the weights) while compiling one layer per prompt shape, not the whole unrolled stack (at 64 layers
+that is ~20 s per shape, and prefill has a shape per bucket).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import NamedTuple
@@ -18,8 +26,10 @@ from flax import nnx
 
 from kevin_jax import parallel
 from kevin_jax.model import qwen2
-from kevin_jax.sampler import kv_cache, sampling
+from kevin_jax.sampler import kv_cache, layout, sampling
 from kevin_jax.sampler.kv_cache import KVPool, PoolGeometry
+
+SamplerWeights = layout.SamplerWeights
 
 # Why a sequence stopped, as stored on device (0 = still running).
 RUNNING, EOS, STOP, LENGTH = 0, 1, 2, 3
@@ -62,13 +72,6 @@ class SlotState(NamedTuple):
     recent: jax.Array         # [N, S]
 
 
-class DecodeWeights(NamedTuple):
-    """What the unrolled decode step reads: each layer's parameters as separate arrays, and the LM head, all in the
-    compute dtype. Made once per generate call (StepFunctions.prepare) so that no decode step slices or converts."""
-    layers: tuple             # num_layers nnx.States of one layer's parameters (no leading layer axis)
-    head: jax.Array           # [V, H]
-
-
 class DecodeOutput(NamedTuple):
     tokens: jax.Array           # [N, K], NO_TOKEN where the slot produced nothing
     logprobs: jax.Array         # [N, K]
@@ -90,7 +93,7 @@ class StepSettings:
     pallas: kv_cache.PallasParams | None
     layer_unroll: int | bool                      # of the layer scan (prefill; decode with layer_loop="scan")
     decode_steps: int
-    layer_loop: str = "unrolled"                  # decode: "unrolled" over DecodeWeights | "scan" over the stack
+    layer_loop: str = "unrolled"                  # "unrolled": per-layer weight copies | "scan": one stack
 
 
 def stop_patterns(stop_sequences, width: int) -> tuple[tuple[int, ...], ...]:
@@ -135,70 +138,56 @@ def make_cache_attention(settings: StepSettings, precision, mesh, tensor_axis):
     return attention
 
 
-def cached_forward(model: qwen2.Qwen2ForCausalLM, tokens, positions, pool: KVPool, ctx: CacheContext, attention,
-                   unroll) -> tuple[jax.Array, KVPool]:
-    """Final-normed hidden states [B, T, H] of tokens at positions, writing their K/V into the pool."""
-    hidden = model.embed(tokens)
-    rope = qwen2.rope_tables(positions, model.config.head_dim, model.config.rope_theta)
-    graphdef, layer_params = nnx.split(model.layers)
-
-    def body(carry, scanned):
-        x, pool = carry
-        params, layer = scanned
-        x, (pool, _) = nnx.merge(graphdef, params)(x, rope, attention, ctx, (pool, layer))
-        return (x, pool), None
-
-    layers = jnp.arange(model.config.num_hidden_layers, dtype=jnp.int32)
-    (hidden, pool), _ = jax.lax.scan(body, (hidden, pool), (layer_params, layers), unroll=unroll)
-    return model.final_hidden(hidden), pool
-
-
-def unrolled_cached_forward(model: qwen2.Qwen2ForCausalLM, weights: DecodeWeights, tokens, positions, pool: KVPool,
-                            ctx: CacheContext, attention) -> tuple[jax.Array, KVPool]:
-    """cached_forward with the layers as straight-line code over per-layer weight arrays (read in place: a scan over
-    the stacked parameters makes XLA:GPU copy each layer's weights out of the stack on every step)."""
-    hidden = model.embed(tokens)
-    rope = qwen2.rope_tables(positions, model.config.head_dim, model.config.rope_theta)
-    layer_graphdef = nnx.split(model.layers)[0]
-    for index, layer_params in enumerate(weights.layers):
-        hidden, (pool, _) = nnx.merge(layer_graphdef, layer_params)(hidden, rope, attention, ctx, (pool, index))
-    return model.final_hidden(hidden), pool
-
-
-def decode_weights(model: qwen2.Qwen2ForCausalLM) -> DecodeWeights:
-    """Per-layer copies of the stacked layer parameters and the LM head, in the compute dtype."""
-    dtype = model.options.compute_dtype
-    layer_params = nnx.split(model.layers)[1]
-    layers = tuple(jax.tree.map(lambda p, i=i: p[i].astype(dtype), layer_params)
-                   for i in range(model.config.num_hidden_layers))
-    return DecodeWeights(layers=layers, head=model.head_weight())
-
-
-def head_logits(model: qwen2.Qwen2ForCausalLM, normed: jax.Array, head: jax.Array | None) -> jax.Array:
-    """float32 [B, V] logits (Qwen2ForCausalLM.logits, from a ready-made compute-dtype head when given)."""
-    if head is None:
-        return model.logits(normed)
-    return jnp.einsum("...h,vh->...v", normed, head, precision=model.options.precision,
+def head_logits(normed: jax.Array, head: jax.Array, dtype, precision) -> jax.Array:
+    """float32 [B, V] logits of final-normed hidden states (Qwen2ForCausalLM.logits on the sampler's head copy)."""
+    return jnp.einsum("...h,vh->...v", normed, head.astype(dtype), precision=precision,
                       preferred_element_type=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+    """The static pieces of a Qwen2ForCausalLM graph the step functions run: the whole model's graph (to read its
+    parameters), one decoder layer's graph (merged with one layer's parameters, or the stack's) and the final norm's."""
+    graphdef: nnx.GraphDef
+    layer_graphdef: nnx.GraphDef
+    norm_graphdef: nnx.GraphDef
+    config: qwen2.Qwen2Config
+    options: qwen2.ModelOptions
+
+    @classmethod
+    def of(cls, model: qwen2.Qwen2ForCausalLM) -> "ModelParts":
+        return cls(nnx.split(model)[0], nnx.split(model.layers)[0], nnx.split(model.final_norm)[0], model.config,
+                   model.options)
 
 
 # ----------------------------------------------------------------------------------------------- step functions
 class StepFunctions:
-    """The compiled prefill and decode functions for one model graph and one StepSettings."""
+    """The compiled functions for one model graph, one StepSettings and one sampling mesh:
 
-    def __init__(self, graphdef, settings: StepSettings, *, mesh=None, tensor_axis=None):
-        self.graphdef = graphdef
+      prepare(params) -> SamplerWeights       the copy in the sampling layout and compute dtype (reshard + cast)
+      view(params) -> SamplerWeights          the parameters themselves (no copy), for layer_loop="scan"
+      prefill(weights, pool, batch, seed)     -> (pool, Sampled of the rows' first tokens, reasons)
+      decode(weights, pool, state, seed, refill_threshold) -> (pool, state, DecodeOutput)
+    """
+
+    def __init__(self, parts: ModelParts, settings: StepSettings, *, mesh=None, tensor_axis=None):
+        self.parts = parts
+        self.graphdef = parts.graphdef
         self.settings = settings
         self.mesh = mesh
         self.tensor_axis = tensor_axis
-        self.prefill = jax.jit(self._traced(self._prefill), donate_argnums=(1,))
-        # decode(params, weights, pool, state, seed, refill_threshold): weights = prepare(params) for the unrolled
-        # layer loop, None for the scan.
-        self.decode = jax.jit(self._traced(self._decode), donate_argnums=(2,))
-        self.prepare = jax.jit(self._traced(self._prepare))
+        self.num_layers = parts.config.num_hidden_layers
+        self.dtype = parts.options.compute_dtype
+        self.precision = parts.options.precision
+        self._prepare_jits: dict | None = None
+        self.weight_shardings: layout.SamplerWeights | None = None
+        self.decode = jax.jit(self._traced(self._decode), donate_argnums=(1,))
+        self.prefill_start = jax.jit(self._traced(self._prefill_start))
+        self.prefill_layer = jax.jit(self._traced(self._prefill_layer), donate_argnums=(4,))
+        self.prefill_finish = jax.jit(self._traced(self._prefill_finish))
 
     def _traced(self, fn):
-        """Traces under the mesh's activation-sharding rules (D's model pins activations through them)."""
+        """Traces under the mesh's activation-sharding rules (the model pins activations through them)."""
         if self.mesh is None:
             return fn
 
@@ -209,42 +198,146 @@ class StepFunctions:
 
         return wrapped
 
-    def _attention(self, model):
-        return make_cache_attention(self.settings, model.options.precision, self.mesh, self.tensor_axis)
+    # ------------------------------------------------------------------ weights
+    def _weights(self, params, copy: bool) -> layout.SamplerWeights:
+        return layout.extract(nnx.merge(self.graphdef, params), copy=copy,
+                              unrolled=self.settings.layer_loop == "unrolled")
 
-    def _prepare(self, params) -> DecodeWeights:
-        return decode_weights(nnx.merge(self.graphdef, params))
+    def prepare_jits(self, params) -> dict:
+        """The jitted copy functions (out_shardings = the sampling layout), built on first use from params' shapes:
+          unrolled: "layer" (stacked layer parameters, index) -> one layer's copy, and "rest" (params) -> (embedding,
+            final norm, head). One layer at a time: resharding the whole stack in one call makes XLA gather it whole
+            first (20 GB of temporaries per GPU at QwQ-32B on 4 GPUs, by the deviceless compile); a layer at a time
+            the temporaries are one layer's.
+          scan: "whole" (params) -> the stacked copy."""
+        if self._prepare_jits is None:
+            out = None
+            if self.mesh is not None:
+                abstract = jax.eval_shape(lambda p: self._weights(p, copy=True), params)
+                out = self.weight_shardings = layout.weight_shardings(abstract, self.mesh)
+            if self.settings.layer_loop == "unrolled":
+                self._prepare_jits = {
+                    "layer": jax.jit(self._copy_layer, out_shardings=None if out is None else out.layers[0]),
+                    "rest": jax.jit(self._copy_rest,
+                                    out_shardings=None if out is None else (out.embed, out.final_norm, out.head))}
+            else:
+                self._prepare_jits = {"whole": jax.jit(lambda p: self._weights(p, copy=True), out_shardings=out)}
+        return self._prepare_jits
 
-    def _sample(self, model, normed_last, seed, sequence_ids, gen_index, head=None):
-        logits = head_logits(model, normed_last, head)                              # [B, V] float32
+    def _copy_layer(self, stacked, index):
+        return jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, index, keepdims=False).astype(self.dtype),
+                            stacked)
+
+    def _copy_rest(self, params):
+        weights = layout.extract(nnx.merge(self.graphdef, params), copy=True, unrolled=False)
+        return weights.embed, weights.final_norm, weights.head
+
+    def stacked_layers(self, params):
+        """The stacked layer parameters of a model state (the same arrays)."""
+        return nnx.split(nnx.merge(self.graphdef, params).layers)[1]
+
+    def prepare(self, params) -> layout.SamplerWeights:
+        jits = self.prepare_jits(params)
+        if "whole" in jits:
+            return jits["whole"](params)
+        stacked = self.stacked_layers(params)
+        layers = tuple(jits["layer"](stacked, np.int32(i)) for i in range(self.num_layers))
+        embed, final_norm, head = jits["rest"](params)
+        return layout.SamplerWeights(embed=embed, layers=layers, final_norm=final_norm, head=head)
+
+    def view(self, params) -> layout.SamplerWeights | None:
+        """The parameters as SamplerWeights without a copy when they already have the sampling layout (one device, or
+        a trainer mesh laid out like the sampler's), else None. Layers stay stacked (layer_loop="scan")."""
+        weights = self._weights(params, copy=False)
+        if self.mesh is None:
+            return weights
+        target = layout.weight_shardings(jax.eval_shape(lambda w: w, weights), self.mesh)
+        return weights if layout.has_layout(weights, target) else None
+
+    # ------------------------------------------------------------------ forward pieces
+    def _embed(self, weights: layout.SamplerWeights, tokens):
+        hidden = jnp.take(weights.embed, tokens, axis=0).astype(self.dtype)
+        return parallel.constrain(hidden, ("batch", "seq", "act_embed"))
+
+    def _rope(self, positions):
+        return qwen2.rope_tables(positions, self.parts.config.head_dim, self.parts.config.rope_theta)
+
+    def _layer(self, layer_params, hidden, rope, attention, ctx, pool, index):
+        layer = nnx.merge(self.parts.layer_graphdef, layer_params)
+        hidden, (pool, _) = layer(hidden, rope, attention, ctx, (pool, index))
+        return hidden, pool
+
+    def _final_norm(self, weights: layout.SamplerWeights, hidden):
+        return nnx.merge(self.parts.norm_graphdef, weights.final_norm)(hidden)
+
+    def _forward(self, weights: layout.SamplerWeights, tokens, positions, pool: KVPool, ctx: CacheContext,
+                 attention) -> tuple[jax.Array, KVPool]:
+        """Final-normed hidden states [B, T, H] of tokens at positions, writing their K/V into the pool. Unrolled
+        over per-layer arrays (read in place: a scan over a stack makes XLA:GPU copy each layer's weights out of it
+        on every step), or a scan over the stacked layers (layer_loop="scan")."""
+        hidden = self._embed(weights, tokens)
+        rope = self._rope(positions)
+        if weights.stacked:
+            def body(carry, scanned):
+                x, pool = carry
+                params, index = scanned
+                return self._layer(params, x, rope, attention, ctx, pool, index), None
+
+            indices = jnp.arange(self.num_layers, dtype=jnp.int32)
+            (hidden, pool), _ = jax.lax.scan(body, (hidden, pool), (weights.layers, indices),
+                                             unroll=self.settings.layer_unroll)
+        else:
+            for index, layer_params in enumerate(weights.layers):
+                hidden, pool = self._layer(layer_params, hidden, rope, attention, ctx, pool, index)
+        return self._final_norm(weights, hidden), pool
+
+    def _attention(self):
+        return make_cache_attention(self.settings, self.precision, self.mesh, self.tensor_axis)
+
+    def _sample(self, normed_last, head, seed, sequence_ids, gen_index):
+        logits = head_logits(normed_last, head, self.dtype, self.precision)           # [B, V] float32
         keys = sampling.token_keys(seed, sequence_ids, gen_index)
         s = self.settings
         return sampling.sample(logits, keys, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
-    def _prefill(self, params, pool: KVPool, batch: PrefillBatch, seed):
-        model = nnx.merge(self.graphdef, params)
+    # ------------------------------------------------------------------ prefill: one call per layer
+    def prefill(self, weights: layout.SamplerWeights, pool: KVPool, batch: PrefillBatch, seed):
+        """Writes the batch's K/V into the pool; draws each sampling row's first token. Returns (pool, Sampled,
+        reasons)."""
+        hidden, rope, ctx = self.prefill_start(weights.embed, batch)
+        for index in range(self.num_layers):
+            layer = weights.layers if weights.stacked else weights.layers[index]
+            hidden, pool = self.prefill_layer(layer, hidden, rope, ctx, pool, np.int32(index))
+        drawn, reasons = self.prefill_finish(weights.final_norm, weights.head_weight(), hidden, batch, seed)
+        return pool, drawn, reasons
+
+    def _prefill_start(self, embed, batch: PrefillBatch):
         page = self.settings.geometry.page_size
         page_index = jnp.clip(batch.positions // page, 0, batch.tables.shape[1] - 1)
         write_pages = jnp.where(batch.valid, jnp.take_along_axis(batch.tables, page_index, axis=1), 0)
         ctx = CacheContext(write_pages, batch.positions % page, batch.tables, batch.positions, batch.kv_lengths)
-        normed, pool = cached_forward(model, batch.tokens, batch.positions, pool, ctx, self._attention(model),
-                                      self.settings.layer_unroll)
-        last = jnp.take_along_axis(normed, batch.last_index[:, None, None], axis=1)[:, 0]
-        drawn = self._sample(model, last, seed, batch.sequence_ids, batch.gen_index)
+        hidden = jnp.take(embed, batch.tokens, axis=0).astype(self.dtype)
+        return parallel.constrain(hidden, ("batch", "seq", "act_embed")), self._rope(batch.positions), ctx
+
+    def _prefill_layer(self, layer_params, hidden, rope, ctx: CacheContext, pool: KVPool, index):
+        # A stack (layer_loop="scan": a leading layer axis, so the input norm's scale is 2-D): this layer's slice.
+        if jax.tree.leaves(layer_params["input_norm"])[0].ndim == 2:
+            layer_params = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, index, keepdims=False),
+                                        layer_params)
+        return self._layer(layer_params, hidden, rope, self._attention(), ctx, pool, index)
+
+    def _prefill_finish(self, final_norm, head, hidden, batch: PrefillBatch, seed):
+        last = jnp.take_along_axis(hidden, batch.last_index[:, None, None], axis=1)[:, 0]
+        normed = nnx.merge(self.parts.norm_graphdef, final_norm)(last)
+        drawn = self._sample(normed, head, seed, batch.sequence_ids, batch.gen_index)
         recent = push_recent(batch.recent, drawn.tokens)
         reasons = finish_reasons(drawn.tokens, batch.gen_index + 1, batch.max_new, recent, self.settings)
-        reasons = jnp.where(batch.sample_row, reasons, RUNNING)
-        return pool, drawn, reasons
+        return drawn, jnp.where(batch.sample_row, reasons, RUNNING)
 
-    def _decode(self, params, weights: DecodeWeights | None, pool: KVPool, state: SlotState, seed, refill_threshold):
-        model = nnx.merge(self.graphdef, params)
-        attention = self._attention(model)
-        if weights is None:
-            forward = functools.partial(cached_forward, model, attention=attention, unroll=self.settings.layer_unroll)
-            head = None
-        else:
-            forward = functools.partial(unrolled_cached_forward, model, weights, attention=attention)
-            head = weights.head
+    # ------------------------------------------------------------------ decode: one device loop
+    def _decode(self, weights: layout.SamplerWeights, pool: KVPool, state: SlotState, seed, refill_threshold):
+        attention = self._attention()
+        head = weights.head_weight()
         page = self.settings.geometry.page_size
         steps = self.settings.decode_steps
         slots = state.last_token.shape[0]
@@ -266,8 +359,9 @@ class StepFunctions:
             write_pages = jnp.take_along_axis(tables, page_index[:, None], axis=1)
             ctx = CacheContext(write_pages, (st.cache_len % page)[:, None], tables, st.cache_len[:, None],
                                jnp.where(active, st.cache_len + 1, 1))
-            normed, pool = forward(st.last_token[:, None], st.cache_len[:, None], pool, ctx)
-            drawn = self._sample(model, normed[:, 0], seed, st.sequence_ids, st.gen_count, head)
+            normed, pool = self._forward(weights, st.last_token[:, None], st.cache_len[:, None], pool, ctx,
+                                         attention)
+            drawn = self._sample(normed[:, 0], head, seed, st.sequence_ids, st.gen_count)
             gen_count = st.gen_count + active
             recent = jnp.where(active[:, None], push_recent(st.recent, drawn.tokens), st.recent)
             reasons = jnp.where(active, finish_reasons(drawn.tokens, gen_count, st.max_new, recent, self.settings),
@@ -287,7 +381,19 @@ class StepFunctions:
         return pool, state, out
 
 
-@functools.lru_cache(maxsize=32)
-def step_functions(graphdef, settings: StepSettings, mesh=None, tensor_axis=None) -> StepFunctions:
+_FUNCTIONS: "collections.OrderedDict[tuple, StepFunctions]" = collections.OrderedDict()
+_MAX_CACHED = 32
+
+
+def step_functions(model: qwen2.Qwen2ForCausalLM, settings: StepSettings, mesh=None,
+                   tensor_axis=None) -> StepFunctions:
     """Shared per (graph, settings, mesh): engines built alike reuse one set of compiled functions."""
-    return StepFunctions(graphdef, settings, mesh=mesh, tensor_axis=tensor_axis)
+    parts = ModelParts.of(model)
+    key = (parts, settings, mesh, tensor_axis)
+    if key in _FUNCTIONS:
+        _FUNCTIONS.move_to_end(key)
+        return _FUNCTIONS[key]
+    functions = _FUNCTIONS[key] = StepFunctions(parts, settings, mesh=mesh, tensor_axis=tensor_axis)
+    while len(_FUNCTIONS) > _MAX_CACHED:
+        _FUNCTIONS.popitem(last=False)
+    return functions

@@ -337,7 +337,8 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name, layer_loop):
 
     config = config_of(name)
     options = qwen2.ModelOptions(dtype="bfloat16", param_dtype="bfloat16", remat="none")
-    graphdef, state = nnx.split(qwen2.abstract_model(config, options))
+    abstract = qwen2.abstract_model(config, options)
+    state = nnx.split(abstract)[1]
     slots, max_seq, page = 16, 4096, 16
     geometry = kv_cache.make_geometry(config, pages_per_layer=kv_cache.pages_for(slots * max_seq, page) + 1,
                                       page_size=page, max_seq_len=max_seq)
@@ -345,7 +346,7 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name, layer_loop):
                                   stop_patterns=(), decode_impl="pallas",
                                   pallas=kv_cache.pallas_params(geometry, interpret=False), layer_unroll=1,
                                   decode_steps=8, layer_loop=layer_loop)
-    functions = steps.StepFunctions(graphdef, settings)
+    functions = steps.StepFunctions(steps.ModelParts.of(abstract), settings)
     sds, width = jax.ShapeDtypeStruct, geometry.table_width
     pool = kv_cache.KVPool(*[sds(kv_cache.pool_shape(geometry), jnp.bfloat16)] * 2)
     ints = lambda *shape: sds(shape, jnp.int32)                                   # noqa: E731
@@ -353,9 +354,11 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name, layer_loop):
     state_in = steps.SlotState(ints(slots), ints(slots), ints(slots), ints(slots), flags(slots), ints(slots),
                                ints(slots, width), ints(slots, 1))
     allow_triton = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    weights = jax.eval_shape(functions.prepare, state) if layer_loop == "unrolled" else None
+    # unrolled: the per-layer copy; scan: the parameters themselves (one device: already the sampling layout)
+    weights = jax.eval_shape(functions.prepare, state) if layer_loop == "unrolled" else functions.view(state)
+    assert weights.stacked == (layer_loop == "scan")
     decode = jax.export.export(functions.decode, platforms=["cuda"], disabled_checks=allow_triton)(
-        state, weights, pool, state_in, sds((), jnp.uint32), sds((), jnp.int32))
+        weights, pool, state_in, sds((), jnp.uint32), sds((), jnp.int32))
     module = decode.mlir_module()
     assert "xla.gpu.triton" in module
     # Unrolled: one kernel call per layer in the step (straight-line code); scanned: one in the loop body.
@@ -363,7 +366,11 @@ def test_real_shapes_lower_for_cuda_with_the_pallas_kernel(name, layer_loop):
     rows, chunk = 4, 256
     batch = steps.PrefillBatch(ints(rows, chunk), ints(rows, chunk), flags(rows, chunk), ints(rows, width),
                                ints(rows), ints(rows), flags(rows), ints(rows), ints(rows), ints(rows), ints(rows, 1))
-    jax.export.export(functions.prefill, platforms=["cuda"])(state, pool, batch, sds((), jnp.uint32))
+    hidden, rope, ctx = jax.eval_shape(functions.prefill_start, weights.embed, batch)
+    layer = weights.layers if weights.stacked else weights.layers[0]
+    jax.export.export(functions.prefill_layer, platforms=["cuda"])(layer, hidden, rope, ctx, pool, sds((), jnp.int32))
+    jax.export.export(functions.prefill_finish, platforms=["cuda"])(weights.final_norm, weights.head_weight(), hidden,
+                                                                    batch, sds((), jnp.uint32))
 
 
 def test_device_guard_wraps_every_device_call_and_changes_no_token(model):

@@ -81,3 +81,47 @@ def test_xla_paged_attention_matches_dense_causal_attention():
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         np.testing.assert_allclose(np.asarray(out[b]), np.einsum("hts,hsd->thd", probs, v), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- the pool plan
+def test_pool_plan_rules_in_order():
+    page_bytes = 1000
+    common = dict(worst_case_tokens=64 * 100, page_size=16, page_bytes_per_device=page_bytes)
+    worst = kv_cache.pages_for(64 * 100, 16) + 1
+    assert kv_cache.plan_pool(**common).pages_per_layer == worst                      # CPU: the dense worst case
+    assert kv_cache.plan_pool(**common, num_pages=7, kv_cache_gb=1.0).pages_per_layer == 7
+    assert kv_cache.plan_pool(**common, kv_cache_gb=50e-6).pages_per_layer == 50
+    assert kv_cache.plan_pool(**common, kv_cache_gb=1.0).pages_per_layer == worst      # capped
+    plan = kv_cache.plan_pool(**common, fraction=0.5, limit_bytes=200_000, in_use_bytes=50_000,
+                              weight_copy_bytes=60_000, workspace=10_000)
+    assert plan.pages_per_layer == (200_000 - 50_000 - 60_000 - 10_000) // 2 // page_bytes == 40
+    assert plan.bytes_per_device == 40 * page_bytes and plan.tokens == 39 * 16
+    assert "kv_cache_fraction=0.5" in plan.rule and "weight copy" in plan.rule
+    # no limit reported (CPU): the fraction does not apply
+    assert kv_cache.plan_pool(**common, fraction=0.5).pages_per_layer == worst
+
+
+def test_pool_plan_without_memory_left_says_why():
+    with pytest.raises(ValueError, match="no device memory left for the KV pool.*weight copy 60.0.*kv_cache_gb"):
+        kv_cache.plan_pool(worst_case_tokens=1 << 20, page_size=16, page_bytes_per_device=1 << 20, fraction=0.9,
+                           limit_bytes=100e9, in_use_bytes=30e9, weight_copy_bytes=60e9, workspace=10e9)
+
+
+def test_qwq_32b_plan_on_four_h100s():
+    """QwQ-32B, 4-way tensor parallel, JAX capped at 85% of an H100 (80 GiB), the trainer's bf16 parameters (FSDP)
+    resident: the sampler's copy is a quarter of the model, a KV token costs 64 KiB per GPU, and 90% of the rest holds
+    about 30 sequences of 16k at once (the 128 slots then share the pool: admission by free pages)."""
+    from kevin_jax.sampler import layout
+
+    config = named_config("qwq_32b")
+    copy = layout.copy_bytes_per_device(config, jnp.bfloat16, 4)
+    assert copy == pytest.approx(65.53e9 / 4, rel=1e-3)
+    geometry = kv_cache.make_geometry(config, pages_per_layer=2, page_size=16, max_seq_len=40960)
+    assert geometry.bytes_per_token(jnp.bfloat16) == 256 * 1024
+    workspace = kv_cache.workspace_bytes(config, prefill_tokens=8192, slots=128, tensor=4)
+    assert 1.5e9 < workspace < 4e9
+    plan = kv_cache.plan_pool(worst_case_tokens=128 * 40960, page_size=16, page_bytes_per_device=16 * 64 * 1024,
+                              fraction=0.9, limit_bytes=int(0.85 * 80 * 2**30), in_use_bytes=copy,
+                              weight_copy_bytes=copy, workspace=workspace)
+    assert 25 < plan.tokens / 16384 < 35
+    assert "sequences of 16k" in plan.describe(128, 40960, "4-way tensor parallel")
