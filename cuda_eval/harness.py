@@ -10,6 +10,7 @@ import argparse
 import builtins
 import contextlib
 import fcntl
+import gc
 import importlib
 import linecache
 import os
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval import dynamic_checks, timing
+from cuda_eval import device_kernels, dynamic_checks, timing
 from cuda_eval.compare import tensors_in
 
 # Captured before any candidate code runs (a candidate replacing them is flagged as monkeypatch; in the judge no
@@ -150,9 +151,30 @@ def trial_seed(seed: int, t: int) -> int:
 
 
 TIMING_SEED = 2000         # timing input set i: seed + TIMING_SEED + i
-FRESH_LAYOUT_SEED = 2000   # the freshness check overwrites timing set 0's tensors (same addresses) ...
-FRESH_FIRST_SEED = 4242    # ... first with these contents ...
-FRESH_SEED = 4343          # ... then with these: the output must follow
+
+
+def run_group(device: "Device", call, n: int, *, method: str, gate_ms: float) -> tuple[list, list[float], dict]:
+    """One group of calls under the judge-driven timing protocol (docs/EVALUATOR.md, "Timing"), the same code in the
+    judge (its replay of the group with an empty forward) and in the worker (every call of the candidate, trials
+    included): outs[k] = call(k) for k in 0..n-1, each timed by `method`'s timer behind a gate of `gate_ms` (the
+    judge's choice), then the device synchronised. Returns (outs, times in ms, meta: held, host_ms, gate_ms)."""
+    outs: list = [None] * n
+
+    def fn(k: int) -> None:
+        outs[k] = call(k)
+
+    cuda = device.type == "cuda"
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a timed call would be noise
+    try:
+        times, meta = timing.time_group(device.timer_for(method), fn, n, l2_flush_bytes=timing.l2_flush_bytes(device.type),
+                                        gate_ms=gate_ms, gate=device.kernels.gate if cuda else None,
+                                        marker=(lambda: device.kernels.gate(0.0)) if cuda else None)
+        device.sync()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return outs, times, meta
 
 
 def _flock(fd: int, how: int, deadline: float | None, what: str) -> None:
@@ -255,6 +277,11 @@ class Device:
                          python=sys.version.split()[0])
         self.timer = timing.make_timer(device_type)
         self.info["timer"] = timing.timer_name(self.timer)
+        # Our own kernels (the output digest, the time-based gate), compiled now: no candidate code exists yet.
+        self.kernels = device_kernels.Kernels(device_type)
+        self.info["own_kernels"] = self.kernels.backend
+        if self.kernels.fallback_reason:
+            self.info["own_kernels_fallback_reason"] = self.kernels.fallback_reason
         if getattr(self.timer, "fallback_reason", ""):
             self.info["timer_fallback_reason"] = self.timer.fallback_reason
         with self.torch_device:
