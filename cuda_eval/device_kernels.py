@@ -206,14 +206,12 @@ class Kernels:
                 self.fallback_reason = f"{type(e).__name__}: {e}"[:300]
 
     def _compile(self) -> None:
-        compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
-        if compile_kernel is None:
-            raise RuntimeError(f"torch {torch.__version__} has no torch.cuda._compile_kernel")
+        names = DIGEST_KERNELS + (GATE_KERNEL,)
         try:
-            kernels = [compile_kernel(CUDA_SOURCE, name) for name in DIGEST_KERNELS + (GATE_KERNEL,)]
+            kernels = _nvrtc_kernels(names)
         except OSError:
             _preload_nvrtc()   # torch looks for libnvrtc by soname only; the wheel's copy is not on the search path
-            kernels = [compile_kernel(CUDA_SOURCE, name) for name in DIGEST_KERNELS + (GATE_KERNEL,)]
+            kernels = _nvrtc_kernels(names)
         self._lanes, self._tree, self._gate = kernels
         # First launches load the module: here, not inside a timed region.
         probe = torch.arange(37, dtype=torch.int32, device="cuda")
@@ -309,6 +307,22 @@ class Kernels:
         ns = max(0, int(ms * 1e6))
         self._gate(grid=(1, 1, 1), block=(1, 1, 1), args=[ns & 0xFFFFFFFF, ns >> 32])
         return True
+
+
+def _nvrtc_kernels(names: tuple[str, ...]) -> list:
+    """The kernels of CUDA_SOURCE, compiled once by NVRTC for this device (torch's helpers; torch >= 2.8)."""
+    try:
+        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
+    except ImportError:
+        _cuda_load_module = _nvrtc_compile = None
+    if _nvrtc_compile is not None:
+        binary, _ = _nvrtc_compile(CUDA_SOURCE, names[0])
+        loaded = _cuda_load_module(binary, list(names))   # extern "C": the names are not mangled
+        return [loaded[n] for n in names]
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is None:
+        raise RuntimeError(f"torch {torch.__version__} cannot compile CUDA at run time (no NVRTC helpers)")
+    return [compile_kernel(CUDA_SOURCE, n) for n in names]
 
 
 def _preload_nvrtc() -> None:

@@ -21,9 +21,12 @@ provides it, else the same protocol with torch events. CPU mode uses the host mo
 
 Every timer calls `fn(k)` with the logical call number k: 0..warmup-1 for warm-up calls, warmup..warmup+reps-1 for
 timed ones. A group the gated timer measures again is called again with the same k's, so a caller that picks its
-input set by k (time_rotating, the worker) sees the same sets on every attempt, and the last timed call is always
-k = warmup+reps-1, whose output the judge checks against set (warmup+reps-1) mod n_sets (docs/LOG.md, "timing under
-load on one H100": a retried group used to shift the rotation and flag honest slow kernels).
+input set by k (time_rotating, KernelBench's loop in the worker) sees the same sets on every attempt, and the last
+timed call is always k = warmup+reps-1 (docs/LOG.md, "timing under load on one H100": a retried group used to shift
+the rotation and flag honest slow kernels).
+
+`time_group` is one group of the judge-driven protocol that times every call of a candidate (harness.run_group;
+docs/EVALUATOR.md, "Timing"): no warm-up, no retry of its own, the gate's length the judge's.
 """
 from __future__ import annotations
 
