@@ -321,8 +321,8 @@ class KernelTrace:
 
 
 # Kernels of our own in a trace (not the candidate's): the gates and markers that open each group of calls (the
-# time-based gate; the trace of the calls needs it), the digests that close it; names of allocation and copy kernels (ours and anybody's: flushes, fills, copies) are
-# never held against a candidate.
+# time-based gate; the trace of the calls needs it), the digests that close it. Allocation and copy kernels (ours
+# and anybody's: flushes, fills, copies) are never held against a candidate.
 OWN_GATES = (device_kernels.GATE_KERNEL,)
 OWN_DIGESTS = device_kernels.DIGEST_KERNELS
 ALLOC_KERNEL = re.compile(r"(?i)fill|copy|memset|memcpy|catarray|arange|zero")
@@ -406,11 +406,12 @@ def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[st
                 is_open = False
         elif is_open:
             win = windows[-1]
-            if ALLOC_KERNEL.search(name):
+            own = any(_mentions(name, n) for n in names)   # first: a program's own `copy_rows` kernel is its own
+            if not own and ALLOC_KERNEL.search(name):
                 continue
             win.kernels += 1
             spans.append((start, end))
-            if any(_mentions(name, n) for n in names):
+            if own:
                 win.own += 1
             else:
                 foreign[name[:200]] = foreign.get(name[:200], 0) + 1

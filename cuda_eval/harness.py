@@ -167,8 +167,9 @@ def run_group(device: "Device", call, n: int, *, method: str, gate_ms: float) ->
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a timed call would be noise
     try:
-        times, meta = timing.time_group(device.timer_for(method), fn, n, l2_flush_bytes=timing.l2_flush_bytes(device.type),
-                                        gate_ms=gate_ms, gate=device.kernels.gate if cuda else None,
+        times, meta = timing.time_group(device.timer_for(method), fn, n,
+                                        l2_flush_bytes=timing.l2_flush_bytes(device.type), gate_ms=gate_ms,
+                                        gate=device.kernels.gate if cuda else None,
                                         marker=(lambda: device.kernels.gate(0.0)) if cuda else None)
         device.sync()
     finally:

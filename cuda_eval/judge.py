@@ -61,7 +61,7 @@ GATE_START_MS, GATE_MAX_MS = 1.0, 250.0
 GATE_RETRIES = 3              # a group whose gate opened too early is measured again (new inputs), this many times
 REVEALS = 3                   # groups of the timing phase in which one call's output is checked (picked afterwards)
 WALL_TOLERANCE = 1.15         # the time that enters the reward is at least (time the wall clock proves) / this ...
-GROUP_JITTER_S = {"cuda": 0.0005, "cpu": 0.001}   # ... allowing this much per group for what the replay lacks (the
+GROUP_JITTER_S = {"cuda": 0.0005, "cpu": 0.002}   # ... allowing this much per group for what the replay lacks (the
 #                                                   messages, the worker's bookkeeping) and scheduling noise
 FLAG_FACTOR = 3.0             # timing_inconsistent: the wall clock proves this many times the reported time ...
 FLAG_MIN_EXCESS_S = 0.05      # ... and at least this much unreported time in all
@@ -397,7 +397,7 @@ class Job:
     def run_trials(self, n_trials: int) -> None:
         """Correctness trials: groups of one call on the trial's seed, guarded (checks=True), always revealed."""
         prev_c = prev_r = None
-        earlier = []            # a sample of every earlier trial's output: a cache keyed by address returns an older one
+        earlier = []   # a sample of every earlier trial's output: a cache keyed by address returns an older one
         self.correct = True
         for t in range(n_trials):
             self.phase("correctness", trial=t)
@@ -634,14 +634,16 @@ class Job:
                                       "overhead_s": round(g.get("overhead_s", 0.0), 5),
                                       "reported_s": round(sum(g["times"]) / 1e3, 5), "gate_ms": g["gate_ms"],
                                       "held": g.get("held")} for g in groups]
-        self.meta["wall_bound"] = {"clock": "worker CPU time" if clock == "cpu_s" else "wall", "wall_s": round(wall, 5), "overhead_s": round(overhead, 5),
+        self.meta["wall_bound"] = {"clock": "worker CPU time" if clock == "cpu_s" else "wall",
+                                   "wall_s": round(wall, 5), "overhead_s": round(overhead, 5),
                                    "allowance_s": round(allowance, 5), "proven_ms": round(proven_ms, 6),
                                    "reported_median_ms": median, "tolerance": WALL_TOLERANCE,
                                    "empty_call_ms": round(floor_ms, 6), "capped": reward_ms > median}
         excess_s = proven_s - sum(times) / 1e3
         if proven_ms > FLAG_FACTOR * median and excess_s > FLAG_MIN_EXCESS_S:
-            self.flag("timing_inconsistent", f"the timed calls took {proven_ms:.4g} ms each on the judge's clock (its "
-                                             f"own cost of the protocol deducted), but were reported as {median:.4g} ms")
+            self.flag("timing_inconsistent", f"the timed calls took {proven_ms:.4g} ms each on the judge's clock "
+                                             "(its own cost of the protocol deducted), but were reported as "
+                                             f"{median:.4g} ms")
         elif median < FLOOR_FRACTION * floor_ms:
             self.flag("timing_inconsistent", f"a call was reported as {median:.4g} ms, less than an empty call takes "
                                              f"in the same protocol ({floor_ms:.4g} ms)")

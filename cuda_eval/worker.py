@@ -279,7 +279,8 @@ class Worker:
                       f"forward executed the reference task's code ({', '.join(sorted(trace.task_code_calls))})")
         py_calls = trace.python_compute_calls()
         if d.get("forbid_python_torch_compute", True) and py_calls:
-            self.flag("torch_compute_in_forward", f"forward called torch compute from Python: {', '.join(py_calls[:6])}")
+            self.flag("torch_compute_in_forward",
+                      f"forward called torch compute from Python: {', '.join(py_calls[:6])}")
         if trace.tracer_off:
             self.flag("harness_access", f"forward switched the op tracer off: {sorted(trace.tracer_off)[0]}")
         if d.get("require_custom_kernel", True) and trace.calls_without_extension:

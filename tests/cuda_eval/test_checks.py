@@ -239,7 +239,8 @@ def test_python_os_use_that_is_not_an_escape():
     ("from cuda_eval import timing", "return ext.relu(x)"),
     # torch's dispatch and profiler switches: getattr with built names, aliases, f-strings, str.join
     ("", 'with getattr(torch._C, "_Disable" + "TorchDispatch")():\n    return ext.relu(x)'),
-    ('_C = torch._C\n_name = "".join(["_Disable", "TorchDispatch"])', "with getattr(_C, _name)():\n    return ext.relu(x)"),
+    ('_C = torch._C\n_name = "".join(["_Disable", "TorchDispatch"])',
+     "with getattr(_C, _name)():\n    return ext.relu(x)"),
     ('_part = "Dispatch"', 'with getattr(torch._C, f"_DisableTorch{_part}")():\n    return ext.relu(x)'),
     ("from torch.utils._python_dispatch import _disable_current_modes", "return ext.relu(x)"),
     ("", "torch._C._autograd._disable_profiler()\nreturn ext.relu(x)"),

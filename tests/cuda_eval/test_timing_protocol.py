@@ -103,6 +103,7 @@ def test_kernel_windows_split_the_trace_by_group():
         _record("void my_relu_kernel<float>(float*)", 210, 260),  # own, on the current stream
         _record("at::native::vectorized_elementwise_kernel<4, fill>", 265, 270),  # a flush or a fill: ignored
         _record("void my_relu_kernel<float>(float*)", 280, 330),
+        _record("zero_pad_kernel", 335, 340),                    # the program's own, whatever its name says
         _record("void side_kernel(float*)", 150, 240),           # another stream, during the gate: overlaps once
         _record("digest_lanes", 400, 410),
         _record("digest_tree", 411, 412),
@@ -111,10 +112,10 @@ def test_kernel_windows_split_the_trace_by_group():
         _record("at::native::relu_kernel", 810, 900),
         _record("digest_lanes", 950, 960),
     ])
-    windows, foreign = dynamic_checks.split_windows(records, ["my_relu_kernel"])
+    windows, foreign = dynamic_checks.split_windows(records, ["my_relu_kernel", "zero_pad_kernel"])
     assert len(windows) == 2
-    assert windows[0].own == 2 and windows[0].kernels == 3
-    assert windows[0].busy_ms == pytest.approx((260 - 150 + 330 - 280) / 1e6)
+    assert windows[0].own == 3 and windows[0].kernels == 4
+    assert windows[0].busy_ms == pytest.approx((260 - 150 + 330 - 280 + 340 - 335) / 1e6)
     assert windows[1].own == 0 and windows[1].busy_ms == pytest.approx(90 / 1e6)
     assert foreign == {"void side_kernel(float*)": 1, "at::native::relu_kernel": 1}
 
