@@ -159,3 +159,66 @@ def test_nvrtc_digest_and_gate_on_the_gpu():
     end.record()
     end.synchronize()
     assert 4.9 <= start.elapsed_time(end) <= 7.0
+
+
+class _FakeDevice:
+    """What Job's bookkeeping reads of a device (type, timers), without a device."""
+    def __init__(self, device_type: str):
+        self.type = device_type
+        self.info = {}
+
+    def timer_for(self, method):
+        return timing.HostTimer()
+
+
+def _job(device_type: str = "cpu"):
+    from cuda_eval.judge import Job
+    job = Job.__new__(Job)   # no socket, no task: only the arithmetic of the timing phase
+    job.device, job.flags, job.meta = _FakeDevice(device_type), [], {}
+    job.group_method, job.gate_ms, job.retries, job.rng_dependent, job.revealed = "gated", 1.0, 0, False, []
+    job.payload, job.dyn, job.groups = {"kernel_names": ["my_kernel"]}, {}, []
+    return job
+
+
+def _group(kind: str, times: list, wall_s: float, replay_s: float, empty_ms: float = 0.002) -> dict:
+    return {"kind": kind, "n": len(times), "times": times, "wall_s": wall_s, "gate_ms": 1.0, "held": True,
+            "replay": {"wall_s": replay_s, "cpu_s": replay_s, "empty_ms": empty_ms}}
+
+
+def test_the_reward_time_is_what_the_judges_clock_proves():
+    from cuda_eval import judge
+    allowance = judge.GROUP_JITTER_S["cuda"]
+    # Honest: 32 calls of 1 ms, the wall holds them plus the replay's cost and a little noise.
+    honest = _job("cuda")
+    honest._conclude_timing([_group("timed", [1.0] * 32, 0.032 + 0.010 + allowance / 2, 0.010)], 3, 32)
+    assert not honest.flags and not honest.timing["capped"] and honest.timing["median_ms"] == 1.0
+    # A clock 20x slow: reported 0.05 ms, the wall says 1 ms a call: the reward time is ~1 ms / 1.15, flagged.
+    forged = _job("cuda")
+    forged._conclude_timing([_group("timed", [0.05] * 32, 0.032 + 0.010 + allowance, 0.010)] * 2, 3, 64)
+    assert forged.timing["capped"] and forged.timing["reported_median_ms"] == 0.05
+    assert forged.timing["median_ms"] == pytest.approx(1.0 / judge.WALL_TOLERANCE, rel=1e-6)
+    assert [f["code"] for f in forged.flags] == ["timing_inconsistent"]
+    # A mild forgery (1.5x) is capped, not flagged; a report below half an empty call is flagged.
+    mild = _job("cuda")
+    mild._conclude_timing([_group("timed", [1.0 / 1.5] * 32, 0.032 + 0.010 + allowance, 0.010)], 3, 32)
+    assert mild.timing["capped"] and not mild.flags
+    tiny = _job("cuda")
+    tiny._conclude_timing([_group("timed", [0.0001] * 32, 0.010 + allowance, 0.010, empty_ms=0.0013)], 3, 32)
+    assert [f["code"] for f in tiny.flags] == ["timing_inconsistent"] and "empty call" in tiny.flags[0]["reason"]
+
+
+def test_the_kernel_trace_of_the_calls_is_judged():
+    def judged(windows, foreign=None, ref_kernels=()):
+        job = _job("cuda")
+        job.groups = [{"n": 2, "times": [1.0, 1.0]} for _ in range(2)]
+        job.meta.update(call_windows=windows, call_foreign_kernels=foreign or {})
+        job._reference_kernels = lambda: list(ref_kernels)
+        job.judge_call_trace()
+        return {f["code"] for f in job.flags}
+    assert judged([[1.9, 2, 2], [2.0, 2, 2]]) == set()
+    assert judged([[20.0, 2, 2], [20.0, 2, 2]]) == {"timing_inconsistent"}     # the GPU ran 10x what was reported
+    assert judged([[1.9, 2, 2]]) == {"timing_inconsistent"}                    # a group missing from the trace
+    assert judged([[1.9, 2, 2], [2.0, 0, 2]]) == {"no_custom_kernel"}           # a group without the own kernel
+    relu = "void at::native::vectorized_elementwise_kernel<4, relu>"
+    assert judged([[1.9, 2, 2], [2.0, 2, 3]], {relu: 1}, [relu]) == {"reference_op"}
+    assert judged([[1.9, 2, 2], [2.0, 2, 3]], {"sm90_xmma_gemm_f32f32": 2}) == {"library_heavy_op"}
