@@ -326,7 +326,7 @@ class KernelTrace:
 OWN_GATES = (device_kernels.GATE_KERNEL,)
 OWN_DIGESTS = device_kernels.DIGEST_KERNELS
 ALLOC_KERNEL = re.compile(r"(?i)fill|copy|memset|memcpy|catarray|arange|zero")
-HEAVY_KERNEL = re.compile(r"(?i)gemm|cutlass|cublas|xmma|cudnn|conv|fft|flash|attention|sm\d+_")
+HEAVY_KERNEL = re.compile(r"(?i)gemm|cutlass|cublas|xmma|cudnn|conv(?!ert)|fft|flash|fmha|attention")
 
 
 @dataclasses.dataclass
