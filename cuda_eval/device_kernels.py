@@ -22,6 +22,7 @@ lane). The key is no secret (the worker needs it to digest): the argument does n
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import hashlib
@@ -192,28 +193,34 @@ class Kernels:
     """This process's digest and gate. `backend`: "nvrtc" (CUDA kernels) or "torch" (ops; the gate falls back to
     torch.cuda._sleep, whose length in cycles the caller converts)."""
 
-    def __init__(self, device_type: str):
+    def __init__(self, device_type: str, hold=None):
+        """`hold()`: a context manager held while the kernels are loaded and first run (the device lock)."""
         self.device_type = device_type
         self.backend = "torch"
         self.fallback_reason = "" if device_type != "cuda" else "not compiled"
         self._lanes = self._tree = self._gate = None
         if device_type == "cuda":
             try:
-                self._compile()
+                self._compile(hold)
                 self.backend = "nvrtc"
                 self.fallback_reason = ""
             except Exception as e:  # no NVRTC here: the torch ops give the same digests, slower
+                self._lanes = self._tree = self._gate = None
                 self.fallback_reason = f"{type(e).__name__}: {e}"[:300]
 
-    def _compile(self) -> None:
+    def _compile(self, hold) -> None:
         names = DIGEST_KERNELS + (GATE_KERNEL,)
         try:
-            kernels = _nvrtc_kernels(names)
+            binary = _nvrtc_binary(names[0])
         except OSError:
             _preload_nvrtc()   # torch looks for libnvrtc by soname only; the wheel's copy is not on the search path
-            kernels = _nvrtc_kernels(names)
-        self._lanes, self._tree, self._gate = kernels
-        # First launches load the module: here, not inside a timed region.
+            binary = _nvrtc_binary(names[0])
+        with (hold() if hold is not None else contextlib.nullcontext()):
+            self._lanes, self._tree, self._gate = _load_kernels(binary, names)
+            self._probe()
+
+    def _probe(self) -> None:
+        # First launches: here, not inside a timed region.
         probe = torch.arange(37, dtype=torch.int32, device="cuda")
         if self.digest_tensor(probe, 12345) != digest_tensor_torch(probe, 12345):
             raise RuntimeError("the NVRTC digest differs from the torch-op digest")
@@ -309,20 +316,20 @@ class Kernels:
         return True
 
 
-def _nvrtc_kernels(names: tuple[str, ...]) -> list:
-    """The kernels of CUDA_SOURCE, compiled once by NVRTC for this device (torch's helpers; torch >= 2.8)."""
+def _nvrtc_binary(name: str) -> bytes:
+    """CUDA_SOURCE compiled by NVRTC for this device (torch's helper, torch >= 2.8): CPU work only."""
     try:
-        from torch.cuda._utils import _cuda_load_module, _nvrtc_compile
-    except ImportError:
-        _cuda_load_module = _nvrtc_compile = None
-    if _nvrtc_compile is not None:
-        binary, _ = _nvrtc_compile(CUDA_SOURCE, names[0])
-        loaded = _cuda_load_module(binary, list(names))   # extern "C": the names are not mangled
-        return [loaded[n] for n in names]
-    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
-    if compile_kernel is None:
-        raise RuntimeError(f"torch {torch.__version__} cannot compile CUDA at run time (no NVRTC helpers)")
-    return [compile_kernel(CUDA_SOURCE, n) for n in names]
+        from torch.cuda._utils import _nvrtc_compile
+    except ImportError as e:
+        raise RuntimeError(f"torch {torch.__version__} cannot compile CUDA at run time (no NVRTC helper)") from e
+    binary, _ = _nvrtc_compile(CUDA_SOURCE, name)
+    return binary
+
+
+def _load_kernels(binary: bytes, names: tuple[str, ...]) -> list:
+    from torch.cuda._utils import _cuda_load_module
+    loaded = _cuda_load_module(binary, list(names))   # extern "C": the names are not mangled
+    return [loaded[n] for n in names]
 
 
 def _preload_nvrtc() -> None:

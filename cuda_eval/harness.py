@@ -213,6 +213,13 @@ class Device:
         with self.exclusive():
             milestone(who, "device lock held")
             self._init_device(device_type, cpu_threads, checks)
+        # Our own kernels (the output digest, the time-based gate), before any candidate code exists: compiled by
+        # NVRTC outside the device lock (CPU work), loaded and checked holding it.
+        self.kernels = device_kernels.Kernels(device_type, hold=self.exclusive)
+        self.info["own_kernels"] = self.kernels.backend
+        if self.kernels.fallback_reason:
+            self.info["own_kernels_fallback_reason"] = self.kernels.fallback_reason
+        milestone(who, f"own kernels: {self.kernels.backend}")
 
     @contextlib.contextmanager
     def exclusive(self, deadline: float | None = None):
@@ -278,11 +285,6 @@ class Device:
                          python=sys.version.split()[0])
         self.timer = timing.make_timer(device_type)
         self.info["timer"] = timing.timer_name(self.timer)
-        # Our own kernels (the output digest, the time-based gate), compiled now: no candidate code exists yet.
-        self.kernels = device_kernels.Kernels(device_type)
-        self.info["own_kernels"] = self.kernels.backend
-        if self.kernels.fallback_reason:
-            self.info["own_kernels_fallback_reason"] = self.kernels.fallback_reason
         if getattr(self.timer, "fallback_reason", ""):
             self.info["timer_fallback_reason"] = self.timer.fallback_reason
         with self.torch_device:
