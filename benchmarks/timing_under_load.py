@@ -224,6 +224,8 @@ def record(r) -> dict:
             "ref_cached": meta.get("ref_timing_cached"), "ref_check": meta.get("ref_check"),
             "cache_hit": meta.get("cache_hit"), "timer": t.get("timer") or meta.get("timer"),
             "ref_timer": rt.get("timer"), "gate": t.get("gate"), "retime": _retime(meta.get("retime")),
+            "cand_reported_ms": t.get("reported_median_ms"), "wall_proven_ms": t.get("wall_proven_ms"),
+            "capped": t.get("capped"), "call_trace": meta.get("call_trace"),
             "phase_s": meta.get("phase_s"),
             "lock_wait_s": meta.get("timing_lock_wait_s"),
             "stage_s": {k: round(v, 3) for k, v in (r.stage_times or {}).items()}}
@@ -689,14 +691,23 @@ def summarise(an: dict, set_load: dict, load_set: dict, loads_warm: dict, floor:
              "compile_s_median": statistics.median([r["stage_s"].get("compile", 0.0) for r in load_set.values()
                                                     if "stage_s" in r] or [float("nan")]),
              "warm_correct": sum(bool(r.get("correct")) for r in loads_warm.values())}
-    gates = {}
+    gates, caps = {}, {}
     for k in ("idle", "load", "warm"):
         g = [r[k]["gate"] for r in rows if r.get(k) and r[k].get("gate")]
         if g:
-            gates[k] = {"n": len(g), "waits_for_device": sum(bool(x.get("waits_for_device")) for x in g),
+            gates[k] = {"n": len(g), "not_held": sum((x.get("groups") or 0) - (x.get("held") or 0) for x in g),
+                        "groups": sum(x.get("groups") or 0 for x in g),
                         "retried": sum(bool(x.get("retries")) for x in g),
-                        "host_ms_per_group_p50": quantile([x.get("host_ms_per_group") or 0.0 for x in g], 0.5),
-                        "host_ms_per_group_max": max(x.get("host_ms_per_group") or 0.0 for x in g)}
+                        "gate_ms_p50": quantile([x.get("gate_ms") or 0.0 for x in g], 0.5),
+                        "gate_ms_max": max(x.get("gate_ms") or 0.0 for x in g)}
+        # The judge's wall-clock bound on honest kernels: how often, and by how much, it raised a reported time.
+        got = [r[k] for r in rows if r.get(k) and r[k].get("cand_reported_ms")]
+        if got:
+            ratios = [x["cand_ms"] / x["cand_reported_ms"] for x in got]
+            trace = [x["call_trace"]["busy_ms"] / x["call_trace"]["reported_ms"] for x in got
+                     if x.get("call_trace") and x["call_trace"].get("reported_ms")]
+            caps[k] = {"n": len(got), "capped": sum(bool(x.get("capped")) for x in got),
+                       "cap_ratio_max": max(ratios), "trace_busy_over_reported_max": max(trace) if trace else None}
     set_cold_hits = sum(r["load"].get("cache_hit") is True for r in rows if r.get("load"))
     warm_built = sum(r["warm"].get("cache_hit") is False for r in rows if r.get("warm"))
     floor_pass = floor.get("pass") if floor else None
@@ -708,8 +719,10 @@ def summarise(an: dict, set_load: dict, load_set: dict, loads_warm: dict, floor:
     return {"groups": groups, "contended_load": {"analysed": cont_set, "analysed_n": len(rows),
                                                  "all": cont_all, "all_n": len(all2),
                                                  "share_all": cont_all / len(all2) if all2 else float("nan")},
-            "false_positive_flags": false_pos, "timing_flagged": timing_flagged, "verdict_changed": changed, "size_bins_ms": bins,
-            "coverage": coverage, "load_programs": loads, "gate": gates, "set_cache_hits_in_cold_batch": set_cold_hits,
+            "false_positive_flags": false_pos, "timing_flagged": timing_flagged, "verdict_changed": changed,
+            "size_bins_ms": bins,
+            "coverage": coverage, "load_programs": loads, "gate": gates, "wall_cap": caps,
+            "set_cache_hits_in_cold_batch": set_cold_hits,
             "set_builds_in_warm_batch": warm_built, "floor_pass": floor_pass, "failing": failing,
             "pass": not failing}
 
@@ -802,9 +815,14 @@ def print_report(out: dict) -> None:
     print(f"- size bins (candidate ms, smallest over the scenarios; it also picks the >= 50 us group): "
           f"{s['size_bins_ms']}; coverage {s['coverage']}")
     for k, g in s.get("gate", {}).items():
-        print(f"- gated timer, {k}: the gate opened before the host had queued its group (meta waits_for_device: "
-              f"measured as it runs) in {g['waits_for_device']}/{g['n']} timings, retried {g['retried']}; host ms "
-              f"per group of reps p50 {g['host_ms_per_group_p50']:.2f}, max {g['host_ms_per_group_max']:.2f}")
+        print(f"- gated groups, {k}: {g['not_held']}/{g['groups']} groups of {g['n']} timings measured as they ran "
+              f"(the gate opened before the host had queued them, after the judge's retries); {g['retried']} timings "
+              f"retried a group; final gate ms p50 {g['gate_ms_p50']:.2f}, max {g['gate_ms_max']:.2f}")
+    for k, c in s.get("wall_cap", {}).items():
+        trace = c["trace_busy_over_reported_max"]
+        print(f"- judge's bound, {k}: {c['capped']}/{c['n']} honest times raised by the wall-clock proof (largest "
+              f"factor {c['cap_ratio_max']:.3f}); kernel trace GPU time / reported time, max "
+              f"{'n/a' if trace is None else f'{trace:.3f}'}")
     print(f"- cold batch: {s['set_cache_hits_in_cold_batch']} analysed programs found their extension built already "
           f"(only programs sharing an identical extension can); warm batch: {s['set_builds_in_warm_batch']} were "
           "built again (expected 0)")

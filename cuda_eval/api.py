@@ -89,6 +89,7 @@ class EvalConfig:
     forbid_library_heavy_ops: bool = True
     forbid_host_transfer: bool = True
     kernel_trace: bool = True           # profile one forward (CUDA): own kernels ran, no unsynchronised streams
+    kernel_trace_calls: bool = True     # ... and trace the kernels of every call, timed ones included (CUPTI)
     flag_native_threads: bool = False
     unsynced_slack_us: float = 50.0
     retime_speedup_threshold: float = 5.0   # re-time in a fresh process above this speedup (0 = never)
@@ -232,8 +233,6 @@ def resolve_devices(devices: Any, available: int) -> list[int]:
 _CRASH_HINTS = {
     "correctness": "while checking correctness",
     "timing": "while timing",
-    "trace": "during the traced forward call",
-    "freshness": "during the freshness check",
     "kernel_trace": "during the profiled forward call",
     "import_candidate": "while importing the program or constructing ModelNew",
     "reference_timing": "while timing the reference, before the candidate was loaded",
@@ -552,6 +551,7 @@ class Evaluator:
                             "forbid_reference_ops": cfg.forbid_reference_ops,
                             "forbid_library_heavy_ops": cfg.forbid_library_heavy_ops,
                             "forbid_host_transfer": cfg.forbid_host_transfer, "kernel_trace": cfg.kernel_trace,
+                            "kernel_trace_calls": cfg.kernel_trace_calls,
                             "flag_native_threads": cfg.flag_native_threads,
                             "unsynced_slack_us": cfg.unsynced_slack_us},
             },

@@ -47,6 +47,9 @@ FLAG_CODES: dict[str, str] = {
     "pass_statement": "a `pass` statement (KernelBench's inheritance-bypass rule; the kernelbench profile only)",
     "native_escape": "reaches the dynamic loader, threads, processes or raw syscalls natively (dlsym/dlopen, "
                      "pthread_create, clone, fork/exec, system/popen, syscall, ctypes), around the other checks",
+    "harness_access": "reaches the evaluator's own code (cuda_eval), the interpreter's frames or profile hooks, or "
+                      "torch's dispatch, profiler or private timing switches (statically, through aliases, getattr "
+                      "and sys.modules too; or, in the worker, switches the op tracer off during a call)",
     # dynamic (worker.py)
     "no_custom_kernel": "forward never ran the candidate's own kernel",
     "torch_compute_in_forward": "forward ran PyTorch compute ops from Python",
@@ -64,8 +67,12 @@ FLAG_CODES: dict[str, str] = {
     "calls_reference_model": "forward executed the reference Model's code",
     "speedup_not_reproduced": "the speedup did not hold when re-timed in a fresh process",
     # judge (judge.py)
-    "timing_inconsistent": "a timed loop took longer on the judge's clock than the reported times account for",
-    "timed_output_mismatch": "the output of the last timed call was wrong (the timed calls did not compute it)",
+    "timing_inconsistent": "the judge's clock, or the kernel trace of the calls, shows far more time than the "
+                           "candidate reported (or less than an empty call takes)",
+    "timed_output_mismatch": "the output of a timed call, picked by the judge after the call, was wrong (the timed "
+                             "calls did not compute it)",
+    "uncommitted_output": "the output sent for a call differs from the digest committed when the call ran (computed "
+                          "or changed afterwards)",
 }
 
 # torch.<name>(...) calls that allocate, describe or move data rather than compute on it.
@@ -73,7 +80,13 @@ _TORCH_ALLOWED_CALLS = frozenset("""
     empty empty_like empty_strided zeros zeros_like ones ones_like full full_like tensor as_tensor as_strided
     from_numpy arange Size device dtype is_tensor is_floating_point is_complex numel get_default_dtype no_grad
     inference_mode enable_grad broadcast_shapes promote_types result_type finfo iinfo manual_seed
-    get_device set_grad_enabled is_grad_enabled
+    get_device set_grad_enabled is_grad_enabled initial_seed
+""".split())
+# torch functions that only allocate, view, move or describe (at run time too: torch._C builtins).
+_TORCH_NOT_COMPUTE = frozenset("""
+    empty_like empty_strided zeros ones full clone contiguous detach view reshape squeeze unsqueeze flatten
+    permute transpose t narrow select split chunk unbind as_strided expand get_device is_nonzero is_same_size
+    is_inference_mode_enabled is_autocast_enabled is_anomaly_enabled set_default_dtype get_num_threads
 """.split())
 # torch.<submodule>.* namespaces whose members are not compute (streams, events, devices, extension loading...).
 _TORCH_ALLOWED_NAMESPACES = ("torch.cuda", "torch.utils", "torch.backends", "torch.version", "torch.jit",
@@ -124,6 +137,33 @@ _CPP_COMMENT_OR_LITERAL = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*
 # Python modules that load C or start processes, and os functions that fork or exec.
 _NATIVE_PY_MODULES = ("ctypes", "_ctypes", "cffi", "subprocess", "_posixsubprocess", "pty")
 _NATIVE_PY_CALLS = re.compile(r"^(os|posix)\.(fork|forkpty|vfork|system|popen|exec\w*|spawn\w*|posix_spawn\w*)$")
+# Harness access: what a candidate never needs and a forger does. Our own modules; torch's switches of the op tracer,
+# the profiler (the kernel trace) and the spin kernel our gates use; the interpreter's frames and profile hooks (how
+# a call would tell a timed call from a checked one).
+_HARNESS_MODULES = ("cuda_eval",)
+_TORCH_SWITCH_MODULES = ("torch.utils._python_dispatch", "torch._dispatch", "torch._ops", "torch.profiler",
+                         "torch.autograd.profiler", "torch.autograd.profiler_util", "torch.autograd.graph",
+                         "torch._C._autograd", "torch._C._profiler", "torch._C._functorch", "torch.cuda._sleep",
+                         "torch.cuda.profiler", "torch._subclasses", "torch.overrides")
+_TORCH_C_SWITCH = re.compile(r"(?i)dispatch|mode|tls|profil|kineto|record_?function|guard|exclude|include|"
+                             r"^_?(disable|enable|set_|unset_|pop|push)|_sleep|callback|hook")
+_INTROSPECTION = ("sys._getframe", "sys._current_frames", "sys.setprofile", "sys.getprofile", "sys.settrace",
+                  "sys.gettrace", "sys.monitoring", "sys.modules", "sys._xoptions", "threading.setprofile",
+                  "threading.settrace", "threading.setprofile_all_threads", "threading.settrace_all_threads",
+                  "gc.get_objects", "gc.get_referrers", "gc.get_referents", "inspect", "traceback.extract_stack",
+                  "traceback.walk_stack", "traceback.format_stack", "traceback.print_stack", "builtins.__import__",
+                  "__import__", "importlib", "exec", "eval", "compile", "builtins.exec", "builtins.eval",
+                  "builtins.compile", "vars", "globals", "builtins.vars", "builtins.globals")
+_FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame", "cr_frame",
+                               "ag_frame", "__globals__", "__closure__"})
+# Modules whose members a getattr with a name these rules cannot compute may reach.
+_SENSITIVE_ROOTS = ("torch", "sys", "builtins", "cuda_eval", "importlib", "gc", "inspect", "threading", "time",
+                    "traceback")
+_CPP_HARNESS_PATTERN = re.compile(
+    r"ExcludeDispatchKeyGuard|IncludeDispatchKeyGuard|tls_set_dispatch_key|tls_local_dispatch_key|"
+    r"DispatchKey::Python|PythonDispatch|TorchDispatchMode|DisableTorchDispatch|PythonTLSSnapshot|"
+    r"\bcupti|\bCUpti|\bCUPTI|kineto|Kineto|RecordFunction|torch::profiler|autograd::profiler|cuda_eval")
+RESERVED_KERNEL_NAMES = frozenset({"cuda_eval_gate", "digest_lanes", "digest_tree"})
 _GLOBAL_PATTERN = re.compile(r"\b__global__\b")
 _PASS_WORD = re.compile(r"\bpass\b")
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
@@ -142,6 +182,7 @@ class StaticPolicy:
     forbid_threads: bool = True            # no threading/multiprocessing/asyncio imports, no C++ threads
     forbid_native_escape: bool = True      # no dlsym/pthread_create/clone/fork/exec/system/syscall, ctypes, os.fork
     forbid_pass: bool = False              # KernelBench's rule: no `pass` (a ModelNew(Model): pass bypass)
+    forbid_harness_access: bool = True     # no cuda_eval, torch dispatch/profiler switches, frames, profile hooks
 
     @classmethod
     def named(cls, name: str) -> "StaticPolicy":
@@ -156,6 +197,18 @@ class StaticPolicy:
         if name == "off":
             return cls(**{f.name: False for f in dataclasses.fields(cls)})
         raise ValueError(f"unknown static policy {name!r}: expected 'kevin', 'cpu', 'kernelbench' or 'off'")
+
+
+def is_torch_compute_call(name: str) -> bool:
+    """Whether a torch function or tensor method seen called from Python at run time ("torch.relu",
+    "torch._C._nn.linear", "Tensor.sum") computes, by the lists of the static rule."""
+    owner, _, attr = name.rpartition(".")
+    base = attr[:-1] if attr.endswith("_") and not attr.endswith("__") else attr
+    if owner == "Tensor":
+        return attr in _TENSOR_COMPUTE_METHODS or base in _TENSOR_COMPUTE_METHODS
+    if not owner or attr.startswith("_") or owner.startswith(_TORCH_ALLOWED_NAMESPACES):
+        return False
+    return base not in _TORCH_ALLOWED_CALLS and attr not in _TORCH_ALLOWED_CALLS and base not in _TORCH_NOT_COMPUTE
 
 
 def cuda_kernel_names(sources: Iterable[str]) -> list[str]:
@@ -188,6 +241,9 @@ class _Checker:
         self.policy = policy
         self.flags: list[HackFlag] = []
         self.aliases = _import_aliases(tree)  # local name -> dotted module/object path
+        self.bindings: dict[str, str] = {}       # name = <expr this checker resolves>, anywhere in the program
+        self.string_bindings: dict[str, str] = {}  # name = <string it can compute>
+        self._bind_names()
         self.strings = [s for s in _string_constants(tree)]
         self.functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self.model_new = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "ModelNew"),
@@ -218,6 +274,8 @@ class _Checker:
             self._check_threads()
         if p.forbid_native_escape:
             self._check_native_escape()
+        if p.forbid_harness_access:
+            self._check_harness_access()
         if p.forbid_torch_in_forward and self.model_new is not None:
             self._check_forward()
         return self.flags
@@ -341,6 +399,51 @@ class _Checker:
                     if _NATIVE_PY_CALLS.match(f"os.{a.name}"):
                         self.flag("native_escape", f"line {node.lineno} imports os.{a.name}")
 
+    def _check_harness_access(self) -> None:
+        """References to our modules, torch's dispatch/profiler switches or the interpreter's frames and hooks,
+        followed through import aliases, plain assignments, getattr with names built from string constants,
+        sys.modules[...], importlib.import_module(...) and __import__(...); a getattr on torch, sys, builtins... whose
+        name these rules cannot compute counts as such a reference."""
+        for node in ast.walk(self.tree):
+            reason = None
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [f"{node.module}.{a.name}" for a in node.names if node.module] + ([node.module] if node.module
+                                                                                      else [])
+                reason = next((r for r in (_harness_reason(m) for m in mods) if r), None)
+            elif isinstance(node, ast.Attribute) and node.attr in _FRAME_ATTRIBUTES:
+                reason = f"reads the interpreter's frames or function internals (.{node.attr})"
+            elif isinstance(node, (ast.Attribute, ast.Name, ast.Subscript, ast.Call)):
+                path = self._resolve(node)
+                reason = _harness_reason(path) if path else None
+                if reason is None and isinstance(node, ast.Call):
+                    reason = self._opaque_lookup(node)
+            if reason:
+                self.flag("harness_access", f"line {getattr(node, 'lineno', '?')} {reason}")
+                return
+        for s in self.strings:
+            if "cuda_eval" in s and not _GLOBAL_PATTERN.search(s):
+                self.flag("harness_access", "a string of the program names the evaluator's modules (cuda_eval)")
+                return
+            m = _CPP_HARNESS_PATTERN.search(s) if _GLOBAL_PATTERN.search(s) or "#include" in s else None
+            if m:
+                self.flag("harness_access", f"C++ source reaches torch's dispatch or profiler internals "
+                                            f"({m.group(0)})")
+                return
+        reserved = RESERVED_KERNEL_NAMES & set(cuda_kernel_names(self.strings))
+        if reserved:
+            self.flag("harness_access", f"a kernel is named like one of the evaluator's own ({sorted(reserved)[0]})")
+
+    def _opaque_lookup(self, node: ast.Call) -> str | None:
+        """getattr(<torch, sys, builtins, our modules...>, <a name these rules cannot compute>)."""
+        func = self._resolve(node.func)
+        if func not in ("getattr", "builtins.getattr") or len(node.args) < 2:
+            return None
+        owner = self._resolve(node.args[0])
+        if owner and owner.split(".")[0] in _SENSITIVE_ROOTS and self._const_str(node.args[1]) is None:
+            return f"looks up a computed name on {owner} (getattr)"
+        return None
+
     def _check_forward(self) -> None:
         methods = {n.name: n for n in self.model_new.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         if "forward" not in methods:
@@ -446,20 +549,118 @@ class _Checker:
         return self._ext_names
 
     # --- name resolution -----------------------------------------------------------------------------------------
-    def _resolve(self, expr: ast.expr) -> str | None:
-        """Dotted path of a Name/Attribute chain with import aliases expanded (F.relu -> torch.nn.functional.relu)."""
+    def _resolve(self, expr: ast.expr, depth: int = 0) -> str | None:
+        """Dotted path of an expression, import aliases and plain assignments expanded (F.relu ->
+        torch.nn.functional.relu), through getattr(x, <string>), sys.modules[<string>], vars(x)[<string>],
+        x.__dict__[<string>], importlib.import_module(<string>) and __import__(<string>), where the string is built
+        from constants (+, f-strings, str.join, names bound to such strings)."""
+        if depth > 16:
+            return None
         parts = []
         while isinstance(expr, ast.Attribute):
             parts.append(expr.attr)
             expr = expr.value
-        if not isinstance(expr, ast.Name):
+        base = None
+        if isinstance(expr, ast.Name):
+            base = self.aliases.get(expr.id) or self.bindings.get(expr.id) or expr.id
+        elif isinstance(expr, ast.Call):
+            func = self._resolve(expr.func, depth + 1)
+            if func in ("getattr", "builtins.getattr") and len(expr.args) >= 2:
+                owner, name = self._resolve(expr.args[0], depth + 1), self._const_str(expr.args[1])
+                base = f"{owner}.{name}" if owner and name is not None else None
+            elif func in ("importlib.import_module", "__import__", "builtins.__import__") and expr.args:
+                base = self._const_str(expr.args[0])
+            elif func and func.endswith(("modules.get", "__dict__.get")) and expr.args:
+                base = self._subscript_path(func.rsplit(".", 1)[0], expr.args[0], depth)
+        elif isinstance(expr, ast.Subscript):
+            base = self._subscript_path(self._resolve(expr.value, depth + 1), expr.slice, depth)
+        if base is None:
             return None
-        base = self.aliases.get(expr.id, expr.id)
         return ".".join([base] + parts[::-1])
+
+    def _subscript_path(self, container: str | None, key: ast.expr, depth: int) -> str | None:
+        """sys.modules[k] -> k; vars(x)[k], x.__dict__[k] -> x.k."""
+        name = self._const_str(key)
+        if container is None or name is None:
+            return None
+        if container == "sys.modules":
+            return name
+        if container.endswith(".__dict__"):
+            return f"{container[:-len('.__dict__')]}.{name}"
+        return None
+
+    def _const_str(self, expr: ast.expr, depth: int = 0) -> str | None:
+        """The string an expression evaluates to, when it is built from constants only."""
+        if depth > 16:
+            return None
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return expr.value
+        if isinstance(expr, ast.Name):
+            return self.string_bindings.get(expr.id)
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            left, right = self._const_str(expr.left, depth + 1), self._const_str(expr.right, depth + 1)
+            return left + right if left is not None and right is not None else None
+        if isinstance(expr, ast.JoinedStr):
+            out = []
+            for v in expr.values:
+                part = self._const_str(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1)
+                if part is None:
+                    return None
+                out.append(part)
+            return "".join(out)
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "join" and \
+                len(expr.args) == 1 and isinstance(expr.args[0], (ast.List, ast.Tuple)):
+            sep = self._const_str(expr.func.value, depth + 1)
+            items = [self._const_str(e, depth + 1) for e in expr.args[0].elts]
+            return sep.join(items) if sep is not None and None not in items else None
+        return None
+
+    def _bind_names(self) -> None:
+        """Plain assignments anywhere (`t = sys.modules["..."]`, `f = torch.relu`, `n = "_Dis" + "able"`), followed
+        until nothing changes (a name assigned twice keeps its first resolvable value)."""
+        assigns = []
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                assigns.append((node.targets[0].id, node.value))
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name) and \
+                    node.value is not None:
+                assigns.append((node.target.id, node.value))
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                assigns += [(i.optional_vars.id, i.context_expr) for i in node.items
+                            if isinstance(i.optional_vars, ast.Name)]
+        for _ in range(4):
+            changed = False
+            for name, value in assigns:
+                if name not in self.string_bindings:
+                    text = self._const_str(value)
+                    if text is not None:
+                        self.string_bindings[name] = text
+                        changed = True
+                if name not in self.bindings and name not in self.aliases:
+                    path = self._resolve(value)
+                    if path is not None and path != name and "." in path or path in _HARNESS_MODULES:
+                        self.bindings[name] = path
+                        changed = True
+            if not changed:
+                break
 
     def _is_torch_path(self, node: ast.Attribute) -> bool:
         path = self._resolve(node)
         return bool(path) and path.startswith("torch.")
+
+
+def _harness_reason(path: str) -> str | None:
+    """Why a dotted path is harness access (None if it is not)."""
+    parts = path.split(".")
+    if parts[0] in _HARNESS_MODULES:
+        return f"reaches the evaluator's own module ({path})"
+    if any(path == m or path.startswith(m + ".") for m in _TORCH_SWITCH_MODULES):
+        return f"reaches torch's dispatch, profiler or timing internals ({path})"
+    if parts[:2] == ["torch", "_C"] and any(_TORCH_C_SWITCH.search(p) for p in parts[2:]):
+        return f"reaches a private switch of torch ({path})"
+    if any(path == m or path.startswith(m + ".") for m in _INTROSPECTION):
+        return f"reaches the interpreter's frames, modules or profile hooks ({path})"
+    return None
 
 
 def _import_aliases(tree: ast.Module) -> dict[str, str]:

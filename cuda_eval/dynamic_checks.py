@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import os
+import re
 import sys
 import threading
 import time
@@ -24,9 +25,17 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cuda_eval import device_kernels
 from cuda_eval.compare import POISON_BYTE
 
-_cuda_synchronize = torch.cuda.synchronize  # captured before candidate code can replace it
+_cuda_synchronize = torch.cuda.synchronize  # captured before candidate code can replace them
+_dispatch_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_PYTHON_KEY = torch._C.DispatchKey.Python
+# Python files of torch's compute wrappers (F.relu calls torch.relu from there): torch builtins called from these or
+# from the candidate's own code are the candidate's calls; torch's other internals are not watched.
+_TORCH_CALLERS = frozenset(os.path.join(os.path.dirname(torch.__file__), *parts) for parts in (
+    ("nn", "functional.py"), ("functional.py",), ("_tensor.py",)))
 TASK_FILENAME = "<kernelbench-task>"
 CANDIDATE_FILENAME = "<candidate>"
 
@@ -87,22 +96,27 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.records: list[OpRecord] = []
         self._inside_extension = inside_extension
+        self.handling = 0
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = op_name(func)
-        if getattr(func, "namespace", "aten") not in TORCH_NAMESPACES:
-            self.records.append(OpRecord(name, True, False, custom=True))
+        self.handling += 1  # the profile hook ignores our own calls in here (the mode is off the stack meanwhile)
+        try:
+            kwargs = kwargs or {}
+            name = op_name(func)
+            if getattr(func, "namespace", "aten") not in TORCH_NAMESPACES:
+                self.records.append(OpRecord(name, True, False, custom=True))
+                return func(*args, **kwargs)
+            transfer = False
+            if name in ("_to_copy", "copy", "to"):
+                devices = {a.device.type for a in _tensors(args) + _tensors(list(kwargs.values()))}
+                target = kwargs.get("device")
+                if target is not None:
+                    devices.add(torch.device(target).type)
+                transfer = "cpu" in devices and len(devices) > 1
+            self.records.append(OpRecord(name, self._inside_extension(), transfer))
             return func(*args, **kwargs)
-        transfer = False
-        if name in ("_to_copy", "copy", "to"):
-            devices = {a.device.type for a in _tensors(args) + _tensors(list(kwargs.values()))}
-            target = kwargs.get("device")
-            if target is not None:
-                devices.add(torch.device(target).type)
-            transfer = "cpu" in devices and len(devices) > 1
-        self.records.append(OpRecord(name, self._inside_extension(), transfer))
-        return func(*args, **kwargs)
+        finally:
+            self.handling -= 1
 
 
 def _tensors(items: Iterable) -> list[torch.Tensor]:
@@ -116,29 +130,61 @@ def _tensors(items: Iterable) -> list[torch.Tensor]:
 
 
 class ForwardTrace:
-    """Context manager tracing one forward call: ATen ops (Python side vs. extension side), calls into the
-    candidate's extension functions, and any execution of the reference task's code."""
+    """Context manager tracing forward calls (entered once per call; the records add up): ATen ops (Python side vs.
+    extension side), calls into the candidate's extension functions, the reference task's code running, torch
+    functions and tensor methods called from Python (seen by the profile hook, whatever the dispatch mode sees: a
+    `torch._C._DisableTorchDispatch` blinds the mode, not this), and the op tracer found switched off inside the
+    call (Python dispatch excluded, or our mode popped off the stack)."""
 
     def __init__(self, extension_functions: Iterable[Any]):
         self._ext_ids = {id(f) for f in extension_functions}
         self._keep = list(extension_functions)  # keep the ids valid
         self._depth = 0
         self.extension_calls = 0
+        self.calls = 0
+        self.calls_without_extension = 0
+        self._calls_at_enter = 0
+        self._custom_at_enter = 0
         self.task_code_calls: set[str] = set()
+        self.python_torch_calls: set[str] = set()
+        self.tracer_off: set[str] = set()
         self.recorder = _OpRecorder(lambda: self._depth > 0)
         self._previous_profiler = None
 
     def _profile(self, frame, event, arg):
-        if event == "c_call" and id(arg) in self._ext_ids:
-            self._depth += 1
-            self.extension_calls += 1
+        if event == "c_call":
+            if id(arg) in self._ext_ids:
+                self._depth += 1
+                self.extension_calls += 1
+            elif self._depth == 0 and not self.recorder.handling and (
+                    frame.f_code.co_filename == CANDIDATE_FILENAME or frame.f_code.co_filename in _TORCH_CALLERS):
+                self._torch_call(arg)
         elif event in ("c_return", "c_exception") and id(arg) in self._ext_ids:
             self._depth = max(0, self._depth - 1)
         elif event == "call" and frame.f_code.co_filename == TASK_FILENAME:
             self.task_code_calls.add(frame.f_code.co_name)
 
+    def _torch_call(self, fn) -> None:
+        """A builtin called from Python outside the extension: torch's own functions and tensor methods are noted,
+        with the state of the op tracer at that moment."""
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.Tensor):
+            name = f"Tensor.{getattr(fn, '__name__', '?')}"
+        else:
+            module = getattr(fn, "__module__", None) or getattr(owner, "__name__", None) or ""
+            if not isinstance(module, str) or not (module == "torch" or module.startswith("torch.")):
+                return
+            name = f"{module}.{getattr(fn, '__name__', '?')}"
+        self.python_torch_calls.add(name)
+        if _dispatch_excluded(_PYTHON_KEY):
+            self.tracer_off.add(f"Python dispatch excluded when {name} was called")
+        elif _dispatch_stack_len() == 0:
+            self.tracer_off.add(f"no dispatch mode on the stack when {name} was called")
+
     def __enter__(self):
         self._previous_profiler = sys.getprofile()
+        self._calls_at_enter = self.extension_calls
+        self._custom_at_enter = self.custom_op_calls()
         self.recorder.__enter__()
         sys.setprofile(self._profile)
         return self
@@ -146,7 +192,16 @@ class ForwardTrace:
     def __exit__(self, *exc):
         sys.setprofile(self._previous_profiler)
         self.recorder.__exit__(*exc)
+        self.calls += 1
+        if self.extension_calls == self._calls_at_enter and self.custom_op_calls() == self._custom_at_enter:
+            self.calls_without_extension += 1
         return False
+
+    def python_compute_calls(self) -> list[str]:
+        """Torch compute functions and tensor methods called from Python (not allocation, views, moves or device
+        queries): the same lists as the static rule (checks.py)."""
+        from cuda_eval import checks
+        return sorted(n for n in self.python_torch_calls if checks.is_torch_compute_call(n))
 
     # --- summaries ---
     def python_compute_ops(self) -> list[str]:
@@ -263,6 +318,106 @@ class KernelTrace:
             return []
         return [k for k in self.kernels
                 if k is not gate and k.stream != gate.stream and k.start_us < gate.end_us - slack_us]
+
+
+# Kernels of our own in a trace (not the candidate's): the gates and markers that open each group of calls (the
+# time-based gate; the trace of the calls needs it), the digests that close it. Allocation and copy kernels (ours
+# and anybody's: flushes, fills, copies) are never held against a candidate.
+OWN_GATES = (device_kernels.GATE_KERNEL,)
+OWN_DIGESTS = device_kernels.DIGEST_KERNELS
+ALLOC_KERNEL = re.compile(r"(?i)fill|copy|memset|memcpy|catarray|arange|zero")
+HEAVY_KERNEL = re.compile(r"(?i)gemm|cutlass|cublas|xmma|cudnn|conv(?!ert)|fft|flash|fmha|attention")
+
+
+@dataclasses.dataclass
+class GroupWindow:
+    """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
+    busy_ms: float = 0.0          # GPU time covered by at least one of its kernels (overlaps counted once)
+    own: int = 0                  # launches of the program's own kernels
+    kernels: int = 0              # launches of any kernel of the candidate's (own or not)
+
+
+class KernelSession:
+    """Every CUDA kernel of a job's calls (torch.profiler, CUDA activity only), from the first call of the candidate
+    to the kernel-trace step: correctness trials, estimate, warm-up and timed groups alike, so that no call runs
+    untraced. `stop()` parses the records into one GroupWindow per group, the names of the kernels that were
+    neither ours nor the program's, and raises if the trace was stopped in between (by the candidate)."""
+
+    def __init__(self):
+        self._prof = None
+
+    def start(self) -> "KernelSession":
+        from torch.profiler import ProfilerActivity, profile
+        self._prof = profile(activities=[ProfilerActivity.CUDA], record_shapes=False)
+        self._prof.__enter__()
+        return self
+
+    def stop(self, kernel_names: Iterable[str]) -> tuple[list[GroupWindow], dict[str, int]]:
+        _cuda_synchronize()
+        self._prof.__exit__(None, None, None)
+        results = getattr(self._prof.profiler, "kineto_results", None)
+        if results is None:
+            raise RuntimeError("the profiler was stopped before the kernel trace step")
+        records = []
+        for ev in results.events():
+            if "CUDA" not in str(ev.device_type()):
+                continue
+            name = ev.name()
+            if name.startswith(("Memcpy", "Memset", "cuda")):
+                continue
+            start = ev.start_ns()
+            records.append((start, start + ev.duration_ns(), name))
+        records.sort()
+        return split_windows(records, kernel_names)
+
+
+def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[str]) -> tuple[list[GroupWindow],
+                                                                                             dict[str, int]]:
+    """(one window per group: a gate or marker opens it, the first digest kernel after it closes it; the other
+    kernels' names and launch counts). Kernels that start outside every window (input generation, the reveals'
+    copies) are not the candidate's calls; allocation and copy kernels are never held against it."""
+    names = [n for n in kernel_names if n]
+    windows: list[GroupWindow] = []
+    foreign: dict[str, int] = {}
+    spans: list[tuple[int, int]] = []
+    is_open = False
+
+    def close() -> None:
+        busy, end = 0, None
+        for a, b in sorted(spans):
+            if end is None or a > end:
+                busy += b - a
+                end = b
+            elif b > end:
+                busy += b - end
+                end = b
+        windows[-1].busy_ms = busy / 1e6
+        spans.clear()
+
+    for start, end, name in records:
+        if any(g in name for g in OWN_GATES):
+            if is_open:
+                close()
+            windows.append(GroupWindow())
+            is_open = True
+        elif any(d in name for d in OWN_DIGESTS):
+            if is_open:
+                close()
+                is_open = False
+        elif is_open:
+            win = windows[-1]
+            own = any(_mentions(name, n) for n in names)   # first: a program's own `copy_rows` kernel is its own
+            if not own and ALLOC_KERNEL.search(name):
+                continue
+            win.kernels += 1
+            spans.append((start, end))
+            if own:
+                win.own += 1
+            else:
+                foreign[name[:200]] = foreign.get(name[:200], 0) + 1
+    if is_open:
+        close()
+    return windows, foreign
 
 
 def _is_kernel_event(ev) -> bool:

@@ -368,8 +368,8 @@ class GpuPool:
         queue_s = time.monotonic() - queued_at
         started, started_at = time.monotonic(), time.time()
         try:
-            channel.send_fd(judge.sock, {"op": "job", "payload": payload, "timeout_s": timeout_s},
-                            worker.sock.fileno())
+            channel.send_fd(judge.sock, {"op": "job", "payload": payload, "timeout_s": timeout_s,
+                                         "worker_pid": getattr(worker.process, "pid", None)}, worker.sock.fileno())
         except OSError as e:
             _reap(worker, device)
             return WorkerOutcome(result=None, device=device, start_failed=True, judge_failed=True,

@@ -10,6 +10,7 @@ import argparse
 import builtins
 import contextlib
 import fcntl
+import gc
 import importlib
 import linecache
 import os
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval import dynamic_checks, timing
+from cuda_eval import device_kernels, dynamic_checks, timing
 from cuda_eval.compare import tensors_in
 
 # Captured before any candidate code runs (a candidate replacing them is flagged as monkeypatch; in the judge no
@@ -150,9 +151,31 @@ def trial_seed(seed: int, t: int) -> int:
 
 
 TIMING_SEED = 2000         # timing input set i: seed + TIMING_SEED + i
-FRESH_LAYOUT_SEED = 2000   # the freshness check overwrites timing set 0's tensors (same addresses) ...
-FRESH_FIRST_SEED = 4242    # ... first with these contents ...
-FRESH_SEED = 4343          # ... then with these: the output must follow
+
+
+def run_group(device: "Device", call, n: int, *, method: str, gate_ms: float) -> tuple[list, list[float], dict]:
+    """One group of calls under the judge-driven timing protocol (docs/EVALUATOR.md, "Timing"), the same code in the
+    judge (its replay of the group with an empty forward) and in the worker (every call of the candidate, trials
+    included): outs[k] = call(k) for k in 0..n-1, each timed by `method`'s timer behind a gate of `gate_ms` (the
+    judge's choice), then the device synchronised. Returns (outs, times in ms, meta: held, host_ms, gate_ms)."""
+    outs: list = [None] * n
+
+    def fn(k: int) -> None:
+        outs[k] = call(k)
+
+    cuda = device.type == "cuda"
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a timed call would be noise
+    try:
+        times, meta = timing.time_group(device.timer_for(method), fn, n,
+                                        l2_flush_bytes=timing.l2_flush_bytes(device.type), gate_ms=gate_ms,
+                                        gate=device.kernels.gate if cuda else None,
+                                        marker=(lambda: device.kernels.gate(0.0)) if cuda else None)
+        device.sync()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return outs, times, meta
 
 
 def _flock(fd: int, how: int, deadline: float | None, what: str) -> None:
@@ -190,6 +213,13 @@ class Device:
         with self.exclusive():
             milestone(who, "device lock held")
             self._init_device(device_type, cpu_threads, checks)
+        # Our own kernels (the output digest, the time-based gate), before any candidate code exists: compiled by
+        # NVRTC outside the device lock (CPU work), loaded and checked holding it.
+        self.kernels = device_kernels.Kernels(device_type, hold=self.exclusive)
+        self.info["own_kernels"] = self.kernels.backend
+        if self.kernels.fallback_reason:
+            self.info["own_kernels_fallback_reason"] = self.kernels.fallback_reason
+        milestone(who, f"own kernels: {self.kernels.backend}")
 
     @contextlib.contextmanager
     def exclusive(self, deadline: float | None = None):

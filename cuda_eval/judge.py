@@ -9,17 +9,24 @@ under another uid) and the job. The judge then
     aliases its inputs, its output structure);
  2. times the reference on the timing inputs (or checks a cached time), holding the device lock, before any
     candidate code exists anywhere: only these measurements enter the reference-timing cache;
- 3. drives the worker step by step (load, correctness trials, traced call, timing, freshness, kernel trace, final
-    checks) and, for every trial, computes the reference output on its own copy of the inputs and compares the
-    output the worker sends (wire.py: plain bytes, never pickles) with compare.py;
- 4. bounds the candidate's own timing: it fixes the number of repetitions, measures the wall time of the timed
-    loop with its own clock (the reported times must account for it) and checks the outputs of the timed calls;
+ 3. drives the worker step by step (load, correctness trials, timing, kernel trace, final checks). Every call of the
+    candidate is one call of a group (harness.run_group, in the worker): the judge sends the seeds of the group's
+    inputs, the worker answers with each call's time and a digest of each output (device_kernels.py), and only
+    then does the judge pick the call whose output it checks, if any: a correctness trial is a group of one whose
+    output is always checked; for every output it checks, the judge computes the reference output on its own copy
+    of the inputs and compares the output the worker sends (wire.py: plain bytes, never pickles) with compare.py,
+    after checking it against the digest committed when the call ran;
+ 4. bounds the candidate's own timing with its own clock: it fixes the groups, their gates and their inputs (fresh
+    for every call), measures the wall time of every group, replays each group in its own process with an empty
+    forward (the protocol's own cost, measured now, on this device), and takes as the candidate's time at least
+    what that wall clock proves; on a GPU the kernel trace of the calls (CUPTI) must account for no more GPU time
+    than the candidate reported;
  5. answers the pool with the verdict on its own socket. Nothing the worker writes anywhere else is read.
 Profile feedback (a request with feedback="profile", or EvalConfig.kernel_profile): once the verdict is complete
 (final checks included), the worker profiles the candidate and the judge the reference (kernel_profiler.py); the
 result goes to meta["kernel_profile"] as advisory data and nothing of it, not even a failure, changes the verdict.
-What the candidate can still forge (checks that run inside its own process, times it under-reports while skipping
-work in the timed loop) is listed in docs/EVALUATOR.md, "Trust boundary".
+What the candidate can still do (checks that run inside its own process, the slack of the bounds) is listed in
+docs/EVALUATOR.md, "Trust boundary".
 """
 from __future__ import annotations
 
@@ -27,7 +34,9 @@ import gc
 import hashlib
 import json
 import os
+import secrets
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -35,10 +44,10 @@ from typing import Any
 
 import torch
 
-from cuda_eval import channel, compare, dynamic_checks, kernel_profile, kernel_profiler, timing, wire
+from cuda_eval import channel, compare, dynamic_checks, harness, kernel_profile, kernel_profiler, timing, wire
 from cuda_eval.channel import ChannelError
 from cuda_eval.compare import bitwise_equal, compare_outputs, tensors_in
-from cuda_eval.harness import (FRESH_SEED, MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
+from cuda_eval.harness import (MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
                                dtype_signature, format_exception, init_inputs, load_task, make_inputs, map_tree,
                                milestone, process_arguments, set_seed, trial_seed, tree_nbytes)
 
@@ -46,16 +55,32 @@ _monotonic = time.monotonic
 REF_DRIFT = 1.5               # a cached reference time is checked before each candidate: off by more = drift
 REF_CHECK = timing.TimingConfig(target_s=0.02, warmup_s=0.005, min_reps=5, max_reps=50, min_warmup=2, max_warmup=10)
 ESTIMATE_REPS = 3
+# The group protocol (docs/EVALUATOR.md, "Timing").
+GROUP_MAX = 32                # calls per group (a stream's launch queue holds ~1000 entries; ~30 per call at most)
+GATE_START_MS, GATE_MAX_MS = 1.0, 250.0
+GATE_RETRIES = 3              # a group whose gate opened too early is measured again (new inputs), this many times
+REVEALS = 3                   # groups of the timing phase in which one call's output is checked (picked afterwards)
+WALL_TOLERANCE = 1.15         # the time that enters the reward is at least (time the wall clock proves) / this ...
+GROUP_JITTER_S = {"cuda": 0.0005, "cpu": 0.002}   # ... allowing this much per group for what the replay lacks (the
+#                                                   messages, the worker's bookkeeping) and scheduling noise
+FLAG_FACTOR = 3.0             # timing_inconsistent: the wall clock proves this many times the reported time ...
+FLAG_MIN_EXCESS_S = 0.05      # ... and at least this much unreported time in all
+FLOOR_FRACTION = 0.5          # ... or the reported time is below this share of an empty call's in the same protocol
+TRACE_SLACK_MS = 0.002        # kernel trace: GPU time per call allowed beyond the reported time (timestamp noise)
+DIGEST_MIN_BYTES = 256        # outputs this small may repeat by chance on fresh inputs: no repeat check
+# KernelBench's protocol (the kernelbench timing method): its wall-clock bound, kept as it was.
 WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
 WALL_FIXED_S = 0.1            # ... plus this (process scheduling, the messages)
 CONTROL_MESSAGE_BYTES = 1 << 20
 REFERENCE_PROFILES_KEPT = 256  # reference profiles kept per judge (a task's reference is profiled once per judge)
 _REFERENCE_PROFILES: dict[str, dict] = {}
+_REFERENCE_KERNELS: dict[str, list] = {}   # the kernels a task's reference launches, traced once per task and judge
 _DEVICE_FACTS: dict = {}       # copy bandwidth and occupancy limits, measured at the first profile
 # What a worker may add to the verdict's meta (anything else it sends is dropped: it is candidate-controlled).
 WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "candidate_ops", "python_ops",
-               "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams", "own_kernel_launches",
-               "kernel_trace_skipped", "identity_changes")
+               "python_torch_calls", "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams",
+               "own_kernel_launches", "kernel_trace_skipped", "identity_changes", "call_windows", "call_groups",
+               "call_foreign_kernels", "call_trace_skipped")
 
 
 class WorkerLost(Exception):
@@ -67,8 +92,10 @@ class WorkerLost(Exception):
 
 
 class Job:
-    def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float):
+    def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float,
+                 worker_pid: int | None = None):
         self.payload = payload
+        self.worker_pid = worker_pid if isinstance(worker_pid, int) and worker_pid > 0 else None
         self.kind = payload.get("kind", "evaluate")
         self.cfg = payload["config"]
         self.dyn = self.cfg.get("dynamic", {})
@@ -89,6 +116,12 @@ class Job:
         self.ref_timing_key: str | None = None
         self.lost: dict | None = None
         self.shared: wire.SharedBuffer | None = None
+        self.digest_key = int.from_bytes(os.urandom(8), "little")
+        self.group_method = "gated"
+        self.gate_ms = GATE_START_MS
+        self.groups: list[dict] = []      # every group the worker ran, in order (the kernel trace has one window each)
+        self.digests: list[str] = []      # every committed output digest
+        self.revealed: list[dict] = []
         self.phase_name, self.trial = "start", None
         self._phase_started = _monotonic()
 
@@ -207,6 +240,10 @@ class Job:
         self.rng_dependent = not bitwise_equal(self.reference(map_tree(guard, lambda t: t.clone()), self.seed),
                                                again)
         del again
+        # An output that does not depend on the inputs repeats by design: no check for repeated outputs then.
+        self.input_independent = bitwise_equal(self.reference(self.inputs(self.seed - 2), self.seed), warm_out)
+        self.input_bytes = tree_nbytes(warm_inputs)
+        self.output_template = map_tree(warm_out, lambda t: torch.empty_like(t))  # the shapes of the judge's replays
         ref_mutates = not bitwise_equal(warm_inputs, guard)
         ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
@@ -234,7 +271,7 @@ class Job:
                "modules": self.payload.get("modules", []), "kernel_names": self.payload.get("kernel_names", []),
                "runtime_build": self.payload.get("runtime_build"), "config": self.cfg, "kind": self.kind,
                "ref": {"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases,
-                       "output_sizes": output_sizes}}
+                       "output_sizes": output_sizes, "rng_dependent": self.rng_dependent}}
         try:
             channel.send_fd(self.sock, job, self.shared.fd)
         except OSError as e:
@@ -242,21 +279,17 @@ class Job:
         self.recv("loaded")
         self.phase("correctness")
         self.run_trials(1 if self.kind == "retime" else int(self.cfg.get("num_trials", 5)))
-        if self.kind == "evaluate":
-            self.phase("trace")
-            self.ask("trace", "traced")
         if not self.correct:
             self.phase("final_checks")
             self.ask("finish", "final")
             return
         self.phase("timing")
         self.time_candidate()
-        if self.kind == "evaluate":
-            self.phase("freshness")
-            self.check_freshness()
-            if self.device.type == "cuda" and self.dyn.get("kernel_trace", True):
-                self.phase("kernel_trace")
-                self.ask("kernel_trace", "traced")
+        self.check_repeats()
+        if self.kind == "evaluate" and self.device.type == "cuda" and self.dyn.get("kernel_trace", True):
+            self.phase("kernel_trace")
+            self.ask("kernel_trace", "traced")
+            self.judge_call_trace()
         self.phase("final_checks")
         # The worker stays for a profile only after its final checks: a candidate that crashes or hangs when it is
         # profiled has nothing left to escape.
@@ -300,25 +333,86 @@ class Job:
     def max_output_bytes(self) -> int:
         return 2 * self.output_bytes + (1 << 16)
 
+    # groups of calls: the only way the candidate is called for the verdict
+    def _seeds(self, n: int) -> list[int]:
+        """Fresh input seeds, unknown to the worker until the group is sent."""
+        return [int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF for _ in range(n)]
+
+    def _send_group(self, seeds: list[int], checks: bool = False) -> tuple[float, int | None]:
+        started = (_monotonic(), self._worker_cpu_ns())
+        self.send("run", seeds=seeds, method=self.group_method, gate_ms=round(self.gate_ms, 4), key=self.digest_key,
+                  checks=checks)
+        return started
+
+    def _worker_cpu_ns(self) -> int | None:
+        """CPU time of the worker's processes (kernel accounting: the candidate cannot change it), on the CPU device
+        only, where the candidate's work is CPU time: unlike the wall clock, it does not grow while a loaded machine
+        keeps the worker waiting. None where it cannot be read (then the wall clock is used)."""
+        if self.device.type != "cpu" or self.worker_pid is None:
+            return None
+        return _process_tree_cpu_ns(self.worker_pid)
+
+    def _recv_group(self, seeds: list[int], started: tuple[float, int | None]) -> dict:
+        """The worker's answer for one group: a time and a committed digest per call (validated: untrusted)."""
+        reply, _ = self.recv("ran")
+        cpu_now = self._worker_cpu_ns() if started[1] is not None else None
+        group = {"seeds": seeds, "n": len(seeds), "wall_s": _monotonic() - started[0], "gate_ms": self.gate_ms}
+        if cpu_now is not None:
+            group["cpu_s"] = (cpu_now - started[1]) / 1e9
+        if reply.get("not_plain"):
+            group["not_plain"] = str(reply["not_plain"])[:200]
+            return group
+        times, digests, n = reply.get("times"), reply.get("digests"), len(seeds)
+        if not isinstance(times, list) or len(times) != n or \
+                not all(isinstance(channel.finite(x), float) and x > 0 for x in times):
+            raise WorkerLost("protocol", f"the worker reported {str(times)[:80]} instead of {n} positive times")
+        if not isinstance(digests, list) or len(digests) != n or \
+                not all(isinstance(d, str) and len(d) == 32 for d in digests):
+            raise WorkerLost("protocol", f"the worker committed {str(digests)[:80]} instead of {n} digests")
+        host_ms = channel.finite(reply.get("host_ms"))
+        group.update(times=[float(x) for x in times], digests=digests, held=reply.get("held") is True,
+                     host_ms=float(host_ms) if isinstance(host_ms, float) else 0.0)
+        self.groups.append(group)
+        self.digests.extend(digests)
+        return group
+
+    def _reveal(self, group: dict, j: int) -> Any:
+        """The output of call j of the worker's last group, checked against the digest it committed when the call
+        ran (None: not a plain tensor, flagged)."""
+        reply, blobs = self.ask("reveal", "output", j=j, max_blobs=self.max_output_bytes())
+        if reply.get("not_plain"):
+            self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
+            return None
+        out_c = self.receive_output(reply, blobs)
+        device = self.device.torch_device if self.device.type == "cuda" else None
+        if self.device.kernels.digests([out_c], self.digest_key, device=device)[0] != group["digests"][j]:
+            self.flag("uncommitted_output", "the output sent for a call differs from the digest the worker committed "
+                                            "when the call ran: it was changed or computed after the call")
+        return out_c
+
+    def _release(self) -> None:
+        self.ask("reveal", "released", j=-1)
+
     # correctness
     def run_trials(self, n_trials: int) -> None:
+        """Correctness trials: groups of one call on the trial's seed, guarded (checks=True), always revealed."""
         prev_c = prev_r = None
-        earlier = []            # a sample of every earlier trial's output: a cache keyed by address returns an older one
+        earlier = []   # a sample of every earlier trial's output: a cache keyed by address returns an older one
         self.correct = True
         for t in range(n_trials):
             self.phase("correctness", trial=t)
             seed_t = trial_seed(self.seed, t)
-            self.send("trial", t=t, seed=seed_t)
-            out_r = self.reference(self.inputs(seed_t), seed_t + 7)
-            reply, blobs = self.recv("output", max_blobs=self.max_output_bytes())
-            if reply.get("not_plain"):
-                what = str(reply["not_plain"])[:200]
+            started = self._send_group([seed_t], checks=True)
+            out_r = self.reference(self.inputs(seed_t), seed_t + 7)   # while the worker runs the candidate
+            group = self._recv_group([seed_t], started)
+            out_c = None if group.get("not_plain") else self._reveal(group, 0)
+            if out_c is None:
+                what = group.get("not_plain") or "a tensor subclass or lazy wrapper"
                 self.flag("output_not_plain_tensor", f"forward returned {what} instead of a plain torch.Tensor")
                 self.trials.append({"max_abs_err": None, "max_rel_err": None, "mismatch_frac": 1.0, "passed": False,
                                     "message": f"output is not a plain torch.Tensor ({what})", "trial": t})
                 self.correct = False
                 return
-            out_c = self.receive_output(reply, blobs)
             result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
             result["trial"] = t
             self.trials.append(result)
@@ -354,6 +448,9 @@ class Job:
 
     def time_reference(self, use_cache: bool) -> None:
         tcfg = self.timing_config = timing.TimingConfig(**self.cfg.get("timing", {}))
+        # Every call of the candidate (trials too) runs in groups timed by this method; KernelBench's own protocol
+        # is only for its timing loop.
+        self.group_method = tcfg.method if tcfg.method != "kernelbench" else "gated"
         timer = self.timer = self.device.timer_for(tcfg.method)
         n_sets = self.n_sets = self.timing_sets()
         self.meta["timing_input_sets"] = n_sets
@@ -407,8 +504,215 @@ class Job:
         return True
 
     def time_candidate(self) -> None:
-        """The worker times the candidate with the judge's repetition counts, on timing inputs from a seed it learns
-        only now (no output of them can be prepared before); the judge's clock bounds both loops."""
+        """The candidate's time under the group protocol (docs/EVALUATOR.md, "Timing"); KernelBench's own protocol for
+        the kernelbench method. The judge holds the device lock throughout: nothing else times meanwhile."""
+        if self.timing_config.method == "kernelbench":
+            self._time_candidate_kernelbench()
+            return
+        tcfg, size = self.timing_config, self._group_size()
+        self.retries = 0
+        waited = _monotonic()
+        try:
+            with self.device.exclusive(self.deadline):
+                self.meta["timing_lock_wait_s"] = round(self.meta.get("timing_lock_wait_s", 0.0)
+                                                        + _monotonic() - waited, 4)
+                # The estimate (1 warm-up + ESTIMATE_REPS calls) only plans the repetitions.
+                estimate = self._timing_group(1 + ESTIMATE_REPS, reveal=False, replay=False)
+                if estimate is None:
+                    return
+                warmup, reps = tcfg.plan(timing.stats(estimate["times"][1:])["median_ms"])
+                plan = [("warmup", n) for n in _chunks(warmup, size)] + [("timed", n) for n in _chunks(reps, size)]
+                # Which groups show one of their outputs is decided here and told to nobody: the worker learns it
+                # only after it has committed to every output of the group.
+                shown = set(secrets.SystemRandom().sample(range(len(plan)), min(REVEALS, len(plan))))
+                groups = []
+                for i, (kind, n) in enumerate(plan):
+                    group = self._timing_group(n, reveal=i in shown, replay=kind == "timed")
+                    if group is None:
+                        return
+                    groups.append(dict(group, kind=kind))
+        except TimeoutError as e:
+            raise WorkerLost("timeout", str(e))
+        self._conclude_timing(groups, warmup, reps)
+
+    def _group_size(self) -> int:
+        """Calls per group: the inputs and outputs of a whole group live at once (in the worker, then in the judge's
+        replay), within timing_inputs_max_bytes."""
+        budget = int(self.cfg.get("timing_inputs_max_bytes", 4 << 30))
+        return max(1, min(GROUP_MAX, budget // max(1, self.input_bytes + self.output_bytes)))
+
+    def _timing_group(self, n: int, *, reveal: bool, replay: bool) -> dict | None:
+        """One group of the timing phase on fresh inputs; measured again behind a longer gate (and on new inputs: an
+        answer prepared during the failed attempt is of no use) while the worker says its gate opened before it had
+        queued the group. Then one call's output checked (reveal), and the group replayed here with an empty forward
+        (replay: its protocol's own wall time). None when the outputs were not plain tensors (flagged)."""
+        for attempt in range(GATE_RETRIES + 1):
+            seeds = self._seeds(n)
+            group = self._recv_group(seeds, self._send_group(seeds))
+            if group.get("not_plain"):
+                self.flag("output_not_plain_tensor", f"forward returned {group['not_plain']} during timing")
+                self.timing = None
+                return None
+            if group["held"] or self.group_method != "gated" or attempt == GATE_RETRIES:
+                break
+            self._release()
+            self.retries += 1
+            self.gate_ms = min(GATE_MAX_MS, max(2.0 * self.gate_ms, 2.0 * group["host_ms"]))
+        if reveal:
+            j = secrets.randbelow(n)
+            out_c = self._reveal(group, j)
+            if out_c is not None:
+                self._check_revealed(group, j, out_c)
+        else:
+            self._release()
+        if replay:
+            group["replay"] = self._replay(n, group["gate_ms"])
+        return group
+
+    def _check_revealed(self, group: dict, j: int, out_c: Any) -> None:
+        """Call j's output against the reference on the same inputs, under the seed the worker used for it (its
+        own when the reference draws random numbers, else the group's)."""
+        seed = group["seeds"][j] if self.rng_dependent else group["seeds"][0]
+        out_r = self.reference(self.inputs(group["seeds"][j]), seed + 7)
+        result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
+        self.revealed.append({"call": j, "of": group["n"], "check": "passed" if result["passed"] else "failed"})
+        self.meta["timed_output_check"] = "failed" if any(r["check"] == "failed" for r in self.revealed) else "passed"
+        if not result["passed"]:
+            self.flag("timed_output_mismatch", f"the output of a timed call (call {j} of a group of {group['n']}, "
+                                               f"picked after the call) is wrong ({result['message']}): the timed "
+                                               "calls did not compute the result")
+
+    def _replay(self, n: int, gate_ms: float) -> dict:
+        """The judge's own run of one group, the same code with an empty forward (outputs allocated, never written):
+        its wall and CPU seconds (what the protocol itself costs now, inputs and digests included) and an empty
+        call's median time."""
+        template, started, cpu = self.output_template, _monotonic(), time.process_time()
+        # A gate of the GPU's global timer lasts its length to the microsecond: it is added, not spun (the judge's
+        # own host queues a group of empty calls well within it). A cycle-counted one is spun: its length varies.
+        exact_gate = self.device.type == "cuda" and self.device.kernels.backend == "nvrtc"
+        seeds = self._seeds(n)
+        inputs = [self.inputs(x) for x in seeds]
+        outs, times, _ = harness.run_group(self.device, lambda k: map_tree(template, torch.empty_like), n,
+                                           method=self.group_method, gate_ms=0.0 if exact_gate else gate_ms)
+        self.device.kernels.digests(outs, self.digest_key)
+        del inputs, outs
+        gate_s = gate_ms / 1e3 if exact_gate and self.group_method == "gated" else 0.0
+        return {"wall_s": _monotonic() - started + gate_s, "cpu_s": time.process_time() - cpu,
+                "empty_ms": timing.stats(times)["median_ms"]}
+
+    def _conclude_timing(self, groups: list[dict], warmup: int, reps: int) -> None:
+        """The reported times, and what the judge's clock proves about them: the wall time of the timed groups less
+        the replays' (the protocol's own cost) and a scheduling allowance per group is time the candidate's calls
+        took. The time that enters the reward is the larger of the reported median and that proven time per call
+        over WALL_TOLERANCE, so a forged clock gains at most that tolerance; a gross or impossible report is
+        flagged as well."""
+        timed = [g for g in groups if g["kind"] == "timed"]
+        times = [t for g in timed for t in g["times"]]
+        calls = len(times)
+        reported = timing.stats(times)
+        # The clock: the worker's CPU time on the CPU device (where its work is CPU time), else the wall clock.
+        clock = "cpu_s" if all("cpu_s" in g for g in timed) else "wall_s"
+        wall = sum(g[clock] for g in timed)
+        overhead = sum(g["replay"][clock] for g in timed)
+        for g in timed:
+            g["overhead_s"], g["empty_ms"] = g["replay"][clock], g["replay"]["empty_ms"]
+        allowance = GROUP_JITTER_S.get(self.device.type, 0.001) * len(timed)
+        proven_s = max(0.0, wall - overhead - allowance)
+        proven_ms = proven_s / calls * 1e3
+        median = reported["median_ms"]
+        reward_ms = max(median, proven_ms / WALL_TOLERANCE)
+        floor_ms = statistics.median(g["empty_ms"] for g in timed)
+        self.timing = dict(reported, reps=reps, warmup=warmup, input_sets=calls + warmup,
+                           timer=timing.timer_name(self.device.timer_for(self.group_method)),
+                           reported_median_ms=median, wall_proven_ms=round(proven_ms, 6), median_ms=reward_ms,
+                           capped=reward_ms > median)
+        if self.group_method == "gated" and self.device.type == "cuda":
+            self.timing["gate"] = {"gate_ms": round(self.gate_ms, 3), "retries": self.retries,
+                                   "held": sum(g.get("held", False) for g in groups), "groups": len(groups)}
+        self.meta["timing_check"] = [{"kind": g["kind"], "calls": g["n"], "wall_s": round(g["wall_s"], 5),
+                                      "cpu_s": round(g["cpu_s"], 5) if "cpu_s" in g else None,
+                                      "overhead_s": round(g.get("overhead_s", 0.0), 5),
+                                      "reported_s": round(sum(g["times"]) / 1e3, 5), "gate_ms": g["gate_ms"],
+                                      "held": g.get("held")} for g in groups]
+        self.meta["wall_bound"] = {"clock": "worker CPU time" if clock == "cpu_s" else "wall",
+                                   "wall_s": round(wall, 5), "overhead_s": round(overhead, 5),
+                                   "allowance_s": round(allowance, 5), "proven_ms": round(proven_ms, 6),
+                                   "reported_median_ms": median, "tolerance": WALL_TOLERANCE,
+                                   "empty_call_ms": round(floor_ms, 6), "capped": reward_ms > median}
+        excess_s = proven_s - sum(times) / 1e3
+        if proven_ms > FLAG_FACTOR * median and excess_s > FLAG_MIN_EXCESS_S:
+            self.flag("timing_inconsistent", f"the timed calls took {proven_ms:.4g} ms each on the judge's clock "
+                                             "(its own cost of the protocol deducted), but were reported as "
+                                             f"{median:.4g} ms")
+        elif median < FLOOR_FRACTION * floor_ms:
+            self.flag("timing_inconsistent", f"a call was reported as {median:.4g} ms, less than an empty call takes "
+                                             f"in the same protocol ({floor_ms:.4g} ms)")
+
+    def check_repeats(self) -> None:
+        """Outputs of calls on different fresh inputs that are bit for bit the same: results served from a cache
+        (unless the reference's output does not depend on its inputs, or is too small to be told apart)."""
+        if not self.digests or self.input_independent or self.output_bytes < DIGEST_MIN_BYTES:
+            return
+        repeats = len(self.digests) - len(set(self.digests))
+        if repeats:
+            self.flag("cached_output", f"{repeats} of {len(self.digests)} calls, each on fresh inputs, returned an "
+                                       "output bit for bit equal to an earlier call's")
+
+    def judge_call_trace(self) -> None:
+        """The kernel trace of every call (worker meta call_windows: one window per group, in order): the GPU time of
+        the candidate's kernels must not exceed what it reported, each group must launch the program's own kernels,
+        and the reference's kernels or library GEMM/convolution kernels may not run in a call."""
+        windows = self.meta.get("call_windows")
+        if self.meta.get("call_trace_skipped") or not isinstance(windows, list):
+            return
+        if len(windows) != len(self.groups):
+            self.flag("timing_inconsistent", f"the kernel trace of the calls shows {len(windows)} groups where "
+                                             f"{len(self.groups)} ran (a kernel named like ours, or a broken trace)")
+            return
+        busy = sum(float(w[0]) for w in windows if isinstance(w, list) and w)
+        reported = sum(sum(g["times"]) for g in self.groups)
+        calls = sum(g["n"] for g in self.groups)
+        self.meta["call_trace"] = {"busy_ms": round(busy, 4), "reported_ms": round(reported, 4), "calls": calls}
+        if busy > WALL_TOLERANCE * reported + TRACE_SLACK_MS * calls:
+            self.flag("timing_inconsistent", f"the GPU ran the candidate's kernels for {busy:.4g} ms during calls "
+                                             f"reported as {reported:.4g} ms in all (kernel trace)")
+        if self.payload.get("kernel_names") and self.dyn.get("require_custom_kernel", True):
+            missing = sum(1 for w in windows if isinstance(w, list) and len(w) > 1 and not w[1])
+            if missing:
+                self.flag("no_custom_kernel", f"in {missing} of {len(windows)} groups of calls none of the program's "
+                                              "kernels ran on the GPU (kernel trace)")
+        foreign = self.meta.get("call_foreign_kernels") or {}
+        ref_kernels = set(self._reference_kernels())
+        shared = [n for n in foreign if n in ref_kernels]
+        if shared and self.dyn.get("forbid_reference_ops", True):
+            self.flag("reference_op", f"forward ran the reference's own GPU kernels: {shared[0][:120]}")
+        heavy = [n for n in foreign if dynamic_checks.HEAVY_KERNEL.search(n)]
+        if heavy and self.dyn.get("forbid_library_heavy_ops", True):
+            self.flag("library_heavy_op", f"forward ran library GEMM/convolution kernels: {heavy[0][:120]}")
+
+    def _reference_kernels(self) -> list[str]:
+        """Names of the compute kernels the reference launches (one traced forward, once per task and judge)."""
+        if self.device.type != "cuda":
+            return []
+        key = hashlib.sha256(self.payload["task_source"].encode()).hexdigest() + f"|{self.seed}"
+        if key not in _REFERENCE_KERNELS:
+            try:
+                inputs = self.inputs(self.seed + TIMING_SEED)
+                with dynamic_checks.KernelTrace() as trace:
+                    self.reference(inputs, self.seed)
+                names = sorted({k.name[:200] for k in trace.kernels if not dynamic_checks.ALLOC_KERNEL.search(k.name)})
+            except Exception as e:  # noqa: BLE001 - no CUPTI in the judge: the kernel-name check is skipped
+                self.meta["reference_kernels_error"] = f"{type(e).__name__}: {e}"[:300]
+                return []
+            if len(_REFERENCE_KERNELS) >= REFERENCE_PROFILES_KEPT:
+                _REFERENCE_KERNELS.pop(next(iter(_REFERENCE_KERNELS)))
+            _REFERENCE_KERNELS[key] = names
+        return _REFERENCE_KERNELS[key]
+
+    def _time_candidate_kernelbench(self) -> None:
+        """KernelBench's protocol (its numbers stay comparable with papers): the worker times its own loop on one
+        input set from a seed it learns only now; the judge bounds the loop with its clock and checks the output of
+        the last call. What this finds is advisory under the kernelbench profile."""
         tcfg, n_sets = self.timing_config, self.n_sets
         self.timing_seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF
         self.ask("timing_sets", "ok", n_sets=n_sets, seed=self.timing_seed)
@@ -417,20 +721,12 @@ class Job:
             with self.device.exclusive(self.deadline):
                 self.meta["timing_lock_wait_s"] = round(self.meta.get("timing_lock_wait_s", 0.0)
                                                         + _monotonic() - waited, 4)
-                # The estimate runs with device_sync (host latency inside each rep): its times must account for
-                # the wall clock closely, and they bound what the main loop's wall clock may hold besides its times.
-                estimate = self._timed_loop("device_sync", 1, ESTIMATE_REPS)
-                warmup, reps = tcfg.plan(estimate["median_ms"])
-                per_call_s = estimate["wall_s"] / (1 + ESTIMATE_REPS)
-                loop = self._timed_loop(tcfg.method, warmup, reps, allowance_s=2.0 * per_call_s * (warmup + reps))
+                warmup, reps = tcfg.plan(0.0)
+                loop = self._timed_loop(tcfg.method, warmup, reps)
         except TimeoutError as e:
             raise WorkerLost("timeout", str(e))
         self.timing = timing.stats(loop["times"])
         self.timing.update(reps=reps, warmup=warmup, input_sets=n_sets, timer=loop["timer"])
-        if loop.get("gate"):
-            self.timing["gate"] = loop["gate"]
-        # The output of the last timed call must be right (its buffer may be reused by every call, so only the
-        # last one is certain to be there), unless the reference itself draws random numbers.
         if self.rng_dependent:
             self.meta["timed_output_check"] = "skipped: the reference's output depends on the random state"
             return
@@ -447,9 +743,9 @@ class Job:
             self.flag("timed_output_mismatch", f"the output of the last timed call (input set {last_set}) is wrong "
                                                f"({result['message']}): the timed calls did not compute the result")
 
-    def _timed_loop(self, method: str, warmup: int, reps: int, *, allowance_s: float = 0.0) -> dict:
-        """One timed loop of the worker under the judge's clock. The reported times, plus the loop's own cost per
-        call (the judge's empty loop, measured once) and `allowance_s`, must account for the wall time it took."""
+    def _timed_loop(self, method: str, warmup: int, reps: int) -> dict:
+        """KernelBench's timed loop in the worker under the judge's clock: the reported times, plus the loop's own
+        cost per call (the judge's empty loop, measured at start-up), must account for the wall time."""
         t0 = _monotonic()
         reply, _ = self.ask("time", "timed", method=method, warmup=warmup, reps=reps)
         wall = _monotonic() - t0
@@ -462,29 +758,14 @@ class Job:
         calls = warmup + reps
         overhead_s = calls * self.device.info.get("loop_overhead_ms", 0.05) / 1e3
         accounted = (sum(times) + warmup * median) / 1e3 + overhead_s
-        bound = WALL_SLACK * accounted + allowance_s + WALL_FIXED_S
+        bound = WALL_SLACK * accounted + WALL_FIXED_S
         check = {"method": method, "wall_s": round(wall, 4), "accounted_s": round(accounted, 4),
                  "bound_s": round(bound, 4), "calls": calls}
         self.meta.setdefault("timing_check", []).append(check)
         if wall > bound:
             self.flag("timing_inconsistent", f"a timed loop took {wall:.3f} s on the judge's clock, but its "
                                              f"{calls} calls were reported to take {accounted:.3f} s")
-        gate = reply.get("gate")
-        return {"times": times, "median_ms": median, "wall_s": wall, "timer": str(reply.get("timer", ""))[:40],
-                "gate": _plain(gate) if isinstance(gate, dict) else None}
-
-    def check_freshness(self) -> None:
-        """Same tensors (same addresses), new contents: a candidate caching results by address/shape is caught."""
-        reply, blobs = self.ask("freshness", "output", max_blobs=self.max_output_bytes())
-        if reply.get("not_plain"):
-            self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
-            return
-        out_c = self.receive_output(reply, blobs)
-        out_r = self.reference(self.inputs(self.seed + FRESH_SEED), self.seed + 11)
-        result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
-        if not result["passed"]:
-            self.flag("cached_output", "after the inputs were overwritten in place (same addresses), the output "
-                                       f"did not follow: {result['message']}")
+        return {"times": times, "median_ms": median, "wall_s": wall, "timer": str(reply.get("timer", ""))[:40]}
 
     # profile feedback (advisory: nothing here changes the verdict)
     def kernel_profile(self) -> dict:
@@ -603,6 +884,43 @@ class Job:
             return {"error": format_exception(e, "torch.compile(reference)")}
 
 
+def _process_tree_cpu_ns(pid: int) -> int | None:
+    """CPU nanoseconds of every thread of `pid` and of its descendants (/proc/<pid>/task/*/schedstat: kernel
+    accounting); None if `pid` cannot be read."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            if p == pid:
+                return None
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that just ended
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return total
+
+
+def _chunks(total: int, size: int) -> list[int]:
+    """`total` calls in groups of at most `size`, as even as possible."""
+    if total <= 0:
+        return []
+    groups = -(-total // size)
+    return [total // groups + (1 if i < total % groups else 0) for i in range(groups)]
+
+
 def _plain(value: Any, depth: int = 0) -> Any:
     """A bounded copy of a JSON value the worker sent (scalars, short strings, small lists and dicts)."""
     if value is None or isinstance(value, (bool, int)):
@@ -661,6 +979,16 @@ def _loop_overhead_ms(device: Device) -> float:
     return max(0.02, 2.0 * (_monotonic() - t0) * 1e3 / calls)
 
 
+def _start_kernel_tracing(device: Device) -> None:
+    """Loads CUPTI now (seconds, once per judge): the reference's kernels are traced once per task."""
+    try:
+        with dynamic_checks.KernelTrace():
+            torch.ones(8, device="cuda").add_(1)
+        device.info["reference_kernel_trace"] = True
+    except Exception as e:  # noqa: BLE001 - then the kernel-name check is skipped (meta says why)
+        device.info["reference_kernel_trace"] = f"{type(e).__name__}: {e}"[:300]
+
+
 def _serve(ctl: socket.socket, device: Device) -> None:
     while True:
         try:
@@ -676,7 +1004,7 @@ def _serve(ctl: socket.socket, device: Device) -> None:
         started = _monotonic()
         job = None
         try:
-            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)))
+            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)), header.get("worker_pid"))
             result = job.run()
         except BaseException:  # a bug of ours: reported as such, never as the candidate's failure
             result = job.verdict("internal_error", traceback.format_exc()[-MAX_ERROR_CHARS:]) if job else \
@@ -702,6 +1030,8 @@ def main(argv: list[str] | None = None) -> None:
                         intent_fd=args.device_intent_fd)
         with device.exclusive():
             device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
+            if device.type == "cuda":
+                _start_kernel_tracing(device)
     except BaseException as e:
         channel.send(ctl, {"op": "ready", "ok": False, "error": format_exception(e, "judge start")})
         sys.stderr.write(traceback.format_exc())

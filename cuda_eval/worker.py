@@ -8,17 +8,17 @@ computes the reference, compares outputs and bounds the timing. Start-up (hidden
 import torch, initialise CUDA and the timer, then say "ready" on the socket (to the pool, which hands the socket to
 the judge with the job). Steps, each answered on the socket:
   job            install the prebuilt extensions, import the candidate, build ModelNew under the seed ("loaded");
-  trial          inputs of a correctness trial from the seed, freed memory poisoned, forward (traced: ATen ops,
-                 extension calls), the output sent back; inputs unchanged, outputs plain, no aliasing;
-  trace          one more traced forward with its summary (ops, extension calls, host transfers, task code);
+  run            one group of calls (harness.run_group), the only way the candidate is ever called for the verdict:
+                 inputs from the judge's seeds, every call traced (ATen ops, extension calls, torch calls from
+                 Python; on CUDA the kernel trace too) and timed, every output committed by its digest before the
+                 answer; a correctness trial is a group of one with its inputs guarded and freed memory poisoned;
+  reveal         the output of one call of the last group (the judge picks it after the digests), or none; the
+                 group's outputs are dropped;
   timing_sets, time, timed_output
-                 the timing inputs, a timed loop of the judge's length (the times sent back), the last output;
-  freshness      timing set 0 overwritten in place (same addresses), the output sent back;
-  kernel_trace   (CUDA) the fork check and the pile-up check of side streams, the own kernels ran;
-  finish         identities and threads against the snapshot taken before the candidate was imported; then exit,
-                 unless the judge asks for a profile next (stay=True): the verdict is complete by then;
-  profile        (profile feedback) a few forwards under the CUDA profiler and cuobjdump on the candidate's build
-                 (kernel_profiler.py); advisory data, never a flag, and the judge reads nothing else of this answer.
+                 KernelBench's timing protocol (the kernelbench method only): the timing inputs, one timed loop of
+                 the judge's length, its last output;
+  kernel_trace   (CUDA) the kernel trace of every call so far, then the fork check and the pile-up check of side
+                 streams;
 Flags raised here are reported with every answer. They come from checks inside the candidate's own process, which a
 candidate that attacks the harness itself can evade: docs/EVALUATOR.md, "Trust boundary".
 """
@@ -39,9 +39,8 @@ import torch
 from cuda_eval import channel, dynamic_checks, harness, kernel_profiler, timing, wire
 from cuda_eval.channel import ChannelError
 from cuda_eval.compare import bitwise_equal, non_plain_tensors, overlaps, tensors_in
-from cuda_eval.harness import (CANDIDATE_MODULE, FRESH_FIRST_SEED, FRESH_LAYOUT_SEED, FRESH_SEED, CandidateError,
-                               Device, exec_module, format_exception, init_inputs, load_task, make_inputs, map_tree,
-                               milestone, process_arguments, set_seed)
+from cuda_eval.harness import (CANDIDATE_MODULE, CandidateError, Device, exec_module, format_exception, init_inputs,
+                               load_task, make_inputs, map_tree, milestone, process_arguments, set_seed)
 
 # Captured before any candidate code runs: a candidate replacing these (flagged as monkeypatch) cannot change how
 # we synchronise, seed or time.
@@ -61,6 +60,7 @@ GATE_MIN_MS = 2.0             # the fork check's gate: at least this long, and 4
 GATE_MAX_MS = 250.0           # ...at most (a forward that synchronises the device waits for the whole gate)
 GATE_SETTLE_S = 0.001         # after forward returns, the gate must still hold this long (launched work starts)
 TIMING_PROFILE_SEED = 999     # inputs of the profile step when no timing set exists
+MAX_GROUP = 64                # calls in one group (the judge sends at most timing.GROUP_MAX)
 
 
 class Worker:
@@ -75,6 +75,12 @@ class Worker:
         self.last_output = None
         self.workdir = os.getcwd()
         self.shared: wire.SharedBuffer | None = None
+        self.retained: list | None = None    # the outputs of the last group, until the judge reveals one
+        self.prev_output = None              # the last call's output, alive until the next group has run
+        self.session: dynamic_checks.KernelSession | None = None
+        self.session_state = "not started"
+        self.groups = 0
+        self.first_trace: dict | None = None
 
     # answers
     def flag(self, code: str, reason: str) -> None:
@@ -96,10 +102,9 @@ class Worker:
 
     def serve(self) -> None:
         """Answer the judge's steps until "finish" (or the judge goes away)."""
-        handlers = {"job": self.load, "trial": self.trial, "trace": self.trace_forward,
+        handlers = {"job": self.load, "run": self.run, "reveal": self.reveal,
                     "timing_sets": self.make_timing_sets, "time": self.time, "timed_output": self.timed_output,
-                    "freshness": self.check_freshness, "kernel_trace": self.trace_kernels, "finish": self.finish,
-                    "profile": self.profile}
+                    "kernel_trace": self.trace_kernels, "finish": self.finish, "profile": self.profile}
         while True:
             try:
                 if self.shared is None:  # the job comes with the shared buffer for the outputs
@@ -125,15 +130,6 @@ class Worker:
             if op == "finish" and not header.get("stay"):
                 return
 
-    def call(self, inputs, seed: int, who: str):
-        set_seed(seed)
-        try:
-            out = self.cand_model(*inputs)
-            self.device.sync()
-        except BaseException as e:  # SystemExit/KeyboardInterrupt from candidate code are verdicts too
-            raise CandidateError(format_exception(e, who))
-        return out
-
     def make_inputs(self, seed: int) -> list:
         return make_inputs(self.task, self.device, seed)
 
@@ -147,6 +143,8 @@ class Worker:
         self.ref_ops = list(ref.get("ops") or [])
         self.ref_mutates_inputs = bool(ref.get("mutates_inputs"))
         self.ref_aliases_inputs = bool(ref.get("aliases_inputs"))
+        # A reference that draws random numbers is compared call by call under the call's own seed.
+        self.seed_each = bool(ref.get("rng_dependent"))
         try:
             self.task = load_task(job["task_source"])
         except Exception as e:  # the judge loaded the same source: this cannot be the task's fault
@@ -189,30 +187,79 @@ class Worker:
         self.trial_ops: set[str] = set()
         self.reply("loaded")
 
-    def trial(self, msg: dict) -> None:
-        t, seed_t = int(msg["t"]), int(msg["seed"])
-        inputs = self.make_inputs(seed_t)
-        guard = map_tree(inputs, lambda x: x.clone())
-        dynamic_checks.poison_free_memory(self.device.type, self.recent_sizes)
-        # Every trial call is traced, not only the one of the trace step: a program that behaves differently when
-        # it believes it is watched has to tell these calls apart from untraced ones first.
+    def run(self, msg: dict) -> None:
+        """One group of calls: the judge's seeds give the inputs (fresh contents for every call), harness.run_group
+        times them (the same code, stack and tracing for a correctness trial, a warm-up or a timed call), and the
+        answer commits to every output by its digest; the outputs stay here until the judge reveals one of them
+        (or none). checks=True (a correctness trial): freed memory poisoned before, inputs guarded, mutation and
+        aliasing checked after."""
+        seeds = msg.get("seeds")
+        method = str(msg.get("method", "gated"))
+        if not isinstance(seeds, list) or not 1 <= len(seeds) <= MAX_GROUP or method not in timing.METHODS:
+            raise CandidateError("internal: bad group request")
+        seeds = [int(x) for x in seeds]
+        gate_ms, key, checks = float(msg.get("gate_ms", 1.0)), int(msg.get("key", 0)), bool(msg.get("checks"))
+        self.retained = None
+        inputs = [self.make_inputs(x) for x in seeds]
+        guards = [map_tree(i, lambda x: x.clone()) for i in inputs] if checks else None
+        if checks:
+            dynamic_checks.poison_free_memory(self.device.type, self.recent_sizes)
         trace = dynamic_checks.ForwardTrace(self.ext_functions)
-        try:
+        model, seed_each = self.cand_model, self.seed_each
+
+        def call(k: int):
+            if seed_each:
+                set_seed(seeds[k] + 7)
             with trace:
-                out = self.call(inputs, seed_t + 7, f"trial {t}: ModelNew.forward")
+                return model(*inputs[k])
+
+        if not seed_each:
+            set_seed(seeds[0] + 7)
+        self._start_kernel_session()
+        self.groups += 1
+        try:
+            outs, times, meta = harness.run_group(self.device, call, len(seeds), method=method, gate_ms=gate_ms)
+        except BaseException as e:  # SystemExit/KeyboardInterrupt from candidate code are verdicts too
+            raise CandidateError(format_exception(e, "ModelNew.forward"))
         finally:
             self._judge_ops(trace)
-        if not self.ref_mutates_inputs and not bitwise_equal(inputs, guard):
-            self.flag("input_mutated", f"trial {t}: forward modified its input tensors")
-        out_tensors = tensors_in(out)
-        if not self.ref_aliases_inputs and any(overlaps(o, tensors_in(inputs)) for o in out_tensors):
-            self.flag("output_aliases_input", f"trial {t}: an output shares memory with an input")
-        if any(overlaps(o, self.model_tensors) for o in out_tensors):
-            self.flag("output_aliases_parameter", f"trial {t}: an output shares memory with a parameter/buffer")
-        self.reply_output(out)
-        # Kept alive until the next call: the memory of the previous output cannot be handed to the candidate.
-        self.prev_output = out
-        self.recent_sizes = [x.numel() * x.element_size() for x in out_tensors]
+        if checks:
+            self._check_trial(inputs, guards, outs)
+        bad = sorted({b for out in outs for b in non_plain_tensors(out)})
+        if bad:
+            self.flag("output_not_plain_tensor", f"forward returned {', '.join(bad)} instead of a plain torch.Tensor")
+            self.reply("ran", not_plain=", ".join(bad)[:200])
+            return
+        try:
+            digests = self.device.kernels.digests(outs, key)
+        except BaseException as e:  # an output whose bytes cannot be read (a crashed context shows here too)
+            raise CandidateError(format_exception(e, "reading ModelNew.forward's outputs"))
+        self.retained = outs
+        # Kept alive until the next group has run: the memory of the last output cannot be handed to the candidate.
+        self.prev_output = outs[-1]
+        self.recent_sizes = [x.numel() * x.element_size() for x in tensors_in(outs[-1])]
+        self.forward_ms = sorted(times)[len(times) // 2]
+        self.reply("ran", times=times, digests=digests, held=bool(meta.get("held")),
+                   host_ms=float(meta.get("host_ms", 0.0)))
+
+    def _check_trial(self, inputs: list, guards: list, outs: list) -> None:
+        for inp, guard, out in zip(inputs, guards, outs):
+            if not self.ref_mutates_inputs and not bitwise_equal(inp, guard):
+                self.flag("input_mutated", "forward modified its input tensors")
+            out_tensors = tensors_in(out)
+            if not self.ref_aliases_inputs and any(overlaps(o, tensors_in(inp)) for o in out_tensors):
+                self.flag("output_aliases_input", "an output shares memory with an input")
+            if any(overlaps(o, self.model_tensors) for o in out_tensors):
+                self.flag("output_aliases_parameter", "an output shares memory with a parameter/buffer")
+
+    def reveal(self, msg: dict) -> None:
+        """The output of call j of the last group (j < 0: none); the others are dropped either way."""
+        outs, self.retained = self.retained, None
+        j = int(msg.get("j", -1))
+        if outs is None or not 0 <= j < len(outs):
+            self.reply("released")
+            return
+        self.reply_output(outs[j])
 
     def _judge_ops(self, trace) -> None:
         """Flags from the ATen ops, host transfers and task code one traced call ran."""
@@ -230,6 +277,21 @@ class Worker:
         if trace.task_code_calls:
             self.flag("calls_reference_model",
                       f"forward executed the reference task's code ({', '.join(sorted(trace.task_code_calls))})")
+        py_calls = trace.python_compute_calls()
+        if d.get("forbid_python_torch_compute", True) and py_calls:
+            self.flag("torch_compute_in_forward",
+                      f"forward called torch compute from Python: {', '.join(py_calls[:6])}")
+        if trace.tracer_off:
+            self.flag("harness_access", f"forward switched the op tracer off: {sorted(trace.tracer_off)[0]}")
+        if d.get("require_custom_kernel", True) and trace.calls_without_extension:
+            self.flag("no_custom_kernel", f"{trace.calls_without_extension} of {trace.calls} calls of forward never "
+                                          "called a function of the compiled extension")
+        if self.first_trace is None and trace.calls:
+            self.first_trace = {"extension_calls": trace.extension_calls // trace.calls,
+                                "custom_op_calls": trace.custom_op_calls() // trace.calls,
+                                "candidate_ops": trace.compute_ops(), "python_ops": trace.python_compute_ops(),
+                                "python_torch_calls": sorted(trace.python_torch_calls)[:24]}
+            self.meta.update(self.first_trace)
 
     def make_timing_sets(self, msg: dict) -> None:
         n, seed = max(1, min(64, int(msg["n_sets"]))), int(msg["seed"])
@@ -268,35 +330,65 @@ class Worker:
         self.reply_output(self.last_output)
         self.last_output = None
 
-    def check_freshness(self, msg: dict) -> None:
-        """Same tensors (same addresses), new contents: a candidate caching results by address/shape is caught."""
-        inputs = self.make_inputs(self.seed + FRESH_LAYOUT_SEED)  # the layout of timing set 0
-        for dst, src in zip(tensors_in(inputs), tensors_in(self.make_inputs(self.seed + FRESH_FIRST_SEED))):
-            dst.copy_(src)
-        self.call(inputs, self.seed + 11, "freshness check: ModelNew.forward")
-        # Warm the cache the way timing did, then change the contents in place and call again.
-        for dst, src in zip(tensors_in(inputs), tensors_in(self.make_inputs(self.seed + FRESH_SEED))):
-            dst.copy_(src)
-        self.device.sync()
-        out = self.call(inputs, self.seed + 11, "freshness check: ModelNew.forward")
-        self.reply_output(out)
-
-    def trace_forward(self, msg: dict) -> None:
-        self._trace_forward()
-        self.check_threads()
-        self.reply("traced")
-
     def trace_kernels(self, msg: dict) -> None:
         if self.device.info.get("kernel_trace"):
+            self._stop_kernel_session(report=True)
             self._trace_kernels()
         else:
             self.meta["kernel_trace_skipped"] = self.device.info.get("kernel_trace_error")
         self.reply("traced")
 
     def finish(self, msg: dict) -> None:
+        self._stop_kernel_session(report=False)
         self.check_identities("at the end")
         self.check_threads()
         self.reply("final")
+
+    # the kernel trace of every call (CUDA)
+    def _start_kernel_session(self) -> None:
+        """Before the first call: every kernel of every call from here to the kernel-trace step is recorded (no call
+        of the candidate runs untraced, so no call can behave differently for not being traced)."""
+        if self.session_state != "not started":
+            return
+        reason = None
+        if self.device.type != "cuda" or not self.device.info.get("kernel_trace"):
+            reason = self.device.info.get("kernel_trace_error") or "no kernel trace on this device"
+        elif not self.dyn.get("kernel_trace", True) or not self.dyn.get("kernel_trace_calls", True):
+            reason = "turned off (EvalConfig.dynamic)"
+        elif (self.cfg.get("timing") or {}).get("method") == "kernelbench":
+            reason = "KernelBench's timing protocol times its calls untraced"
+        elif self.device.kernels.backend != "nvrtc":
+            reason = f"no digest kernels to delimit the groups ({self.device.kernels.fallback_reason})"
+        if reason:
+            self.session_state = "skipped"
+            if self.device.type == "cuda":
+                self.meta["call_trace_skipped"] = str(reason)[:300]
+            return
+        try:
+            self.session = dynamic_checks.KernelSession().start()
+            self.session_state = "running"
+            self.session_groups = self.groups
+        except Exception as e:  # our tooling: judged without it, and said so
+            self.session_state = "skipped"
+            self.meta["call_trace_skipped"] = f"profiler: {type(e).__name__}: {e}"[:300]
+
+    def _stop_kernel_session(self, report: bool) -> None:
+        if self.session_state != "running":
+            return
+        self.session_state = "stopped"
+        session, self.session = self.session, None
+        try:
+            windows, foreign = session.stop(self.job.get("kernel_names") or [])
+        except BaseException as e:
+            if report:
+                self.flag("harness_access", f"the kernel trace of the calls was stopped or broken during the job "
+                                            f"({type(e).__name__}: {str(e)[:200]})")
+            return
+        if not report:
+            return
+        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels] for w in windows[:512]]
+        self.meta["call_groups"] = self.groups - self.session_groups
+        self.meta["call_foreign_kernels"] = dict(sorted(foreign.items(), key=lambda kv: -kv[1])[:24])
 
     def profile(self, msg: dict) -> None:
         """Profile feedback, after the verdict is complete: never a verdict or a flag, whatever happens here."""
@@ -369,23 +461,6 @@ class Worker:
                         seen.add(id(v))
         return found
 
-
-    def _trace_forward(self) -> None:
-        inputs = self.make_inputs(self.seed + 555)
-        trace = dynamic_checks.ForwardTrace(self.ext_functions)
-        try:
-            with trace:
-                set_seed(self.seed)
-                self.cand_model(*inputs)
-                self.device.sync()
-        except BaseException as e:
-            raise CandidateError(format_exception(e, "traced ModelNew.forward"))
-        self.meta.update(extension_calls=trace.extension_calls, custom_op_calls=trace.custom_op_calls(),
-                         candidate_ops=trace.compute_ops(), python_ops=trace.python_compute_ops())
-        if self.dyn.get("require_custom_kernel", True) and trace.extension_calls == 0 and \
-                trace.custom_op_calls() == 0:
-            self.flag("no_custom_kernel", "forward never called a function of the compiled extension")
-        self._judge_ops(trace)
 
     def check_threads(self) -> None:
         py_threads = self.threads.new_python_threads()

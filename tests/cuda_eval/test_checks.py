@@ -228,3 +228,64 @@ def test_native_escapes_in_python_are_flagged(header):
 def test_python_os_use_that_is_not_an_escape():
     header = "import os\nimport os.path\np = os.path.join('a', 'b')\nn = os.cpu_count()\ne = os.environ.get('X')\n"
     assert codes(program("return ext.relu(x)", header=header)) == set()
+
+
+@pytest.mark.parametrize("extra,forward", [
+    # our modules, through sys.modules, importlib, __import__ and plain aliases
+    ('import sys\n_t = sys.modules["cuda_eval.timing"]\n_t._perf_counter_ns = lambda: 0', "return ext.relu(x)"),
+    ('import sys\n_m = sys.modules\n_k = "cuda" + "_eval.timing"\n_t = _m[_k]', "return ext.relu(x)"),
+    ('import importlib\n_t = importlib.import_module("cuda_eval." + "timing")', "return ext.relu(x)"),
+    ('_t = __import__("cuda_" "eval")', "return ext.relu(x)"),
+    ("from cuda_eval import timing", "return ext.relu(x)"),
+    # torch's dispatch and profiler switches: getattr with built names, aliases, f-strings, str.join
+    ("", 'with getattr(torch._C, "_Disable" + "TorchDispatch")():\n    return ext.relu(x)'),
+    ('_C = torch._C\n_name = "".join(["_Disable", "TorchDispatch"])',
+     "with getattr(_C, _name)():\n    return ext.relu(x)"),
+    ('_part = "Dispatch"', 'with getattr(torch._C, f"_DisableTorch{_part}")():\n    return ext.relu(x)'),
+    ("from torch.utils._python_dispatch import _disable_current_modes", "return ext.relu(x)"),
+    ("", "torch._C._autograd._disable_profiler()\nreturn ext.relu(x)"),
+    ("import torch.profiler as tp", "return ext.relu(x)"),
+    # a getattr on torch / sys whose name these rules cannot compute
+    ("import os", 'return getattr(torch._C, os.environ["X"])(x)'),
+    # the interpreter's frames and hooks
+    ("import sys", "frame = sys._getframe(1)\nreturn ext.relu(x)"),
+    ("import sys", "if sys.getprofile() is None:\n    return ext.relu(x)\nreturn ext.relu(x)"),
+    ("import inspect", "return ext.relu(x)"),
+    ("", "def f():\n    pass\nreturn f.__globals__['ext'].relu(x)"),
+    ("import gc", "objs = gc.get_objects()\nreturn ext.relu(x)"),
+    ("", 'exec("y = 1")\nreturn ext.relu(x)'),
+])
+def test_harness_access_is_followed_through_aliases_and_getattr(extra, forward):
+    assert "harness_access" in codes(program(forward, extra=extra))
+
+
+def test_harness_access_in_cpp_and_kernel_names():
+    guarded = program("return ext.relu(x)").replace(
+        "torch::Tensor relu(torch::Tensor x) { return x; }",
+        "torch::Tensor relu(torch::Tensor x) { c10::impl::ExcludeDispatchKeyGuard g(c10::DispatchKey::Python); "
+        "return x; }")
+    assert "harness_access" in codes(guarded)
+    gate_named = program("return ext.relu(x)").replace("relu_kernel(", "cuda_eval_gate(")
+    assert "harness_access" in codes(gate_named)
+
+
+def test_harness_access_rule_is_quiet_on_honest_idioms():
+    honest = program("s = torch.cuda.current_stream()\ny = torch.empty_like(x)\nn = getattr(self, 'n', 4)\n"
+                     "return ext.relu(x)", extra="import math\nimport os\nSIZE = 'x' + 'y'\n_ext = ext\n",
+                     init="self.n = 4")
+    assert codes(honest) == set()
+    assert "harness_access" not in codes(program("return ext.relu(x)"), StaticPolicy.named("off"))
+
+
+def test_monkeypatch_follows_plain_aliases():
+    aliased = program("return ext.relu(x)", extra='import sys\n_t = sys.modules["cuda_eval.timing"]\n'
+                                                  "_t._CudaEvent = object\n")
+    assert {"monkeypatch", "harness_access"} <= codes(aliased)
+
+
+def test_torch_calls_through_module_level_aliases_are_torch_in_forward():
+    assert "torch_in_forward" in codes(program("return _relu(x)", extra="_relu = torch.relu\n"))
+    assert checks.is_torch_compute_call("torch.relu") and checks.is_torch_compute_call("Tensor.sum")
+    assert not checks.is_torch_compute_call("torch.empty_like") and not checks.is_torch_compute_call("Tensor.size")
+    assert not checks.is_torch_compute_call("torch._C._get_tracing_state")
+    assert not checks.is_torch_compute_call("torch.cuda.current_stream")

@@ -81,6 +81,29 @@ def test_fork_check_catches_side_streams_and_holds_for_honest(gpu_corpus_results
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.gpu
+def test_forged_gpu_timers_are_not_rewarded(gpu_corpus_results):
+    """adversarial/event_forge is the honest relu kernel (honest/relu_basic's task) with a _CudaEvent subclass and
+    wrapped timer methods that divide every time by 20 (16.1x, unflagged, before the judge-driven protocol): the
+    kernel trace and the judge's clock disagree with the report, and the time that enters the reward is what they
+    prove. The honest kernels' own times pass the same bounds: the judge's cap raised none of them by more than a
+    few percent, and their kernels' GPU time in the trace is within the reported times."""
+    forged, honest = gpu_corpus_results["adversarial/event_forge"], gpu_corpus_results["honest/relu_basic"]
+    assert forged.correct and forged.speedup and honest.speedup
+    assert forged.speedup <= 1.5 * honest.speedup, (forged.speedup, honest.speedup, forged.timing)
+    assert forged.timing["median_ms"] > 5 * forged.timing["reported_median_ms"], forged.timing
+    problems = []
+    for c in HONEST:
+        r = gpu_corpus_results[c.id]
+        trace, t = r.meta.get("call_trace") or {}, r.timing or {}
+        if not trace or trace["busy_ms"] > 1.15 * trace["reported_ms"]:
+            problems.append(f"{c.id}: kernel trace {trace} ({r.meta.get('call_trace_skipped')})")
+        if t.get("median_ms", 0) > 1.05 * t.get("reported_median_ms", 0):
+            problems.append(f"{c.id}: capped {t.get('reported_median_ms')} -> {t.get('median_ms')}, "
+                            f"{r.meta.get('wall_bound')}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.fixture(scope="module")
 def gpu_corpus_results():
     """Every honest and adversarial candidate through the real evaluator on the GPU, once (static rejection off, so

@@ -132,14 +132,29 @@ def test_the_attacks_on_the_judge_get_their_verdicts(cpu_results):
     assert patched.correct is False and "elements differ" in patched.trials[-1]["message"]
     watcher = cpu_results["watch_for_the_trace"]  # every trial call is traced, and there is no phase file
     assert "torch_compute_in_forward" in {f["code"] for f in watcher.hack_flags}
-    forger = cpu_results["forge_timer"]  # reports 1 us per call while doing the work: the judge's clock disagrees
-    check = forger.meta["timing_check"][-1]
-    assert check["wall_s"] > 10 * check["accounted_s"], check
+    forger = cpu_results["forge_timer"]  # reports 1 us per call: less than an empty call, and the judge's clock
+    bound = forger.meta["wall_bound"]    # (the worker's CPU time) proves the relu's time
+    assert bound["capped"] and forger.timing["median_ms"] > 10 * forger.timing["reported_median_ms"], bound
     memory = cpu_results["eat_host_memory"]
     assert memory.correct is False and "allocate" in memory.runtime_error
     honest = cpu_results["honest_relu"]
-    assert honest.meta["timed_output_check"] == "passed"
-    assert all(c["wall_s"] <= c["bound_s"] for c in honest.meta["timing_check"])
+    assert honest.meta["timed_output_check"] == "passed" and honest.meta["wall_bound"]["clock"] == "worker CPU time"
+    assert len(honest.meta["timing_check"]) >= 2 and honest.timing["reps"] >= 5
+
+
+@pytest.mark.parametrize("attack,honest", [("clock_alias", "honest_relu"), ("forge_timer", "honest_relu"),
+                                           ("memo_sampled_inputs", "honest_matmul"),
+                                           ("aten_when_untraced", "honest_relu")])
+def test_a_forged_speed_is_not_rewarded(cpu_results, attack, honest):
+    """The speed attacks of the timing red team, each beside the honest kernel it starts from (docs/EVALUATOR.md,
+    "Trust boundary"). Before the judge-driven protocol: clock_alias 19x the honest relu's speedup, memo_sampled_inputs
+    ~9000x the honest matmul's, aten_when_untraced 46x, forge_timer 340x. Now the forged clock is capped by the
+    worker's CPU time, the memo never meets the same inputs twice, and no call runs untraced."""
+    a, h = cpu_results[attack], cpu_results[honest]
+    assert a.correct and a.speedup and h.speedup, (a.runtime_error, a.trials[-1:])
+    assert a.speedup <= 3 * h.speedup, (a.speedup, h.speedup, a.timing, a.meta.get("wall_bound"))
+    if attack == "clock_alias":
+        assert a.timing["capped"] and a.timing["median_ms"] > 5 * a.timing["reported_median_ms"], a.timing
 
 
 def test_references_alone_give_a_verdict_per_task(compile_pool, tmp_path, monkeypatch):  # noqa: F811

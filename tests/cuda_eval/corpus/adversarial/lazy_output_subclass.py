@@ -1,5 +1,6 @@
 # task: relu
 # expect: output_not_plain_tensor
+# static: harness_access
 # about: KernelBench hack (292x): returns a tensor subclass that runs the kernel only when its value is read
 import torch
 import torch.nn as nn

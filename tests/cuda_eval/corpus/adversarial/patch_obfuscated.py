@@ -1,5 +1,6 @@
 # task: relu
 # expect: monkeypatch
+# static: harness_access,monkeypatch
 # about: disables torch.cuda.synchronize through getattr/setattr on computed names (invisible to static analysis)
 import torch
 import torch.nn as nn

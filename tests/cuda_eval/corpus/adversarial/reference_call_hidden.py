@@ -1,5 +1,6 @@
 # task: relu
 # expect: calls_reference_model
+# static: harness_access
 # about: calls the reference model found at run time by an obfuscated name (no `Model` in the source)
 import sys
 import torch

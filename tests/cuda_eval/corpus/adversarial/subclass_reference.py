@@ -1,6 +1,6 @@
 # task: relu
 # expect: calls_reference_model
-# static: reference_model
+# static: harness_access,reference_model
 # about: finds the reference Model class and subclasses it, forwarding to the reference computation
 import gc
 import torch

@@ -1,0 +1,224 @@
+"""The pieces of the judge-driven timing protocol that run without a sandbox: the output digest (against a plain
+Python transcription of its spec), the kernel-trace windows, the judge's group sizes and its reading of the
+worker's CPU time; on a GPU, the NVRTC digest and gate kernels. The whole protocol runs in test_worker_cpu.py and,
+on the GPU, test_hack_corpus.py."""
+import hashlib
+import os
+import struct
+import time
+
+import pytest
+import torch
+
+from cuda_eval import device_kernels, dynamic_checks, timing, wire
+from cuda_eval.judge import _chunks, _process_tree_cpu_ns
+
+M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & M64
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & M64
+    return x ^ (x >> 33)
+
+
+def _fold(a: int, b: int) -> int:
+    return (_mix(a ^ _mix(b)) + b) & M64
+
+
+def spec_digest(t: torch.Tensor, key: int, max_values: int = device_kernels.MAX_VALUES) -> bytes:
+    """device_kernels' docstring, line by line, in plain Python."""
+    raw = t.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    raw += b"\0" * (-len(raw) % 4)
+    words = struct.unpack(f"<{len(raw) // 4}I", raw)
+    n = len(words)
+    lanes = max(1, -(-n // 16))
+    values = []
+    for j in range(lanes):
+        h = _mix(key ^ (((j + 1) * 0x9E3779B97F4A7C15) & M64))
+        for r in range(16):
+            i = r * lanes + j
+            h = (_mix(h ^ (words[i] if i < n else 0) ^ (r << 40)) + h) & M64
+        values.append(h)
+
+    def level(v):
+        v = v + [0] * (-len(v) % 256)
+        out = []
+        for s in range(0, len(v), 256):
+            block, half = v[s:s + 256], 128
+            while half:
+                block = [_fold(block[t], block[t + half]) for t in range(half)]
+                half //= 2
+            out.append(block[0])
+        return out
+
+    values = level(values)
+    while len(values) > max_values:
+        values = level(values)
+    return hashlib.blake2b(struct.pack("<QQ", key & M64, n) + struct.pack(f"<{len(values)}Q", *values),
+                           digest_size=16).digest()
+
+
+@pytest.mark.parametrize("t", [torch.arange(37, dtype=torch.int32), torch.randn(3, 5), torch.tensor([True, False]),
+                               torch.randn(300, 70).half(), torch.zeros(0), torch.randn(9000),
+                               torch.randn(6, 7).t(), torch.randint(-5, 5, (3, 3), dtype=torch.int64)],
+                         ids=lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}")
+def test_torch_digest_follows_its_spec(t):
+    for key in (0, 12345, (1 << 63) + 7):
+        assert device_kernels.digest_tensor_torch(t, key) == spec_digest(t, key)
+
+
+def test_further_tree_levels_follow_the_spec(monkeypatch):
+    monkeypatch.setattr(device_kernels, "MAX_VALUES", 2)   # 9000 floats: 563 lanes, 3 values, then one more level
+    t = torch.randn(9000)
+    assert device_kernels.digest_tensor_torch(t, 7) == spec_digest(t, 7, max_values=2)
+
+
+def test_call_digests_commit_to_every_bit_and_the_structure():
+    kernels = device_kernels.Kernels("cpu")
+    x, y = torch.randn(64, 32), torch.arange(10)
+    outs = [x, (x, y), None, (1, "s" * 300), torch.zeros(0)]
+    digests = kernels.digests(outs, 99)
+    received = [wire.Received(x.clone(), "cpu"), (wire.Received(x.clone(), "cpu"), wire.Received(y.clone(), "cpu")),
+                None, (1, "s" * 200), wire.Received(torch.zeros(0), "cpu")]  # the wire cuts strings at 200
+    assert kernels.digests(received, 99) == digests and len(set(digests)) == len(digests)
+    flipped = x.clone()
+    flipped.view(torch.int32)[17, 3] ^= 1
+    assert kernels.digests([flipped], 99)[0] != digests[0]
+    assert kernels.digests([x.reshape(32, 64)], 99)[0] != digests[0]       # same bytes, another shape
+    assert kernels.digests([[x, y]], 99)[0] != digests[1]                    # a list is not a tuple
+    assert kernels.digests([x], 98)[0] != digests[0]
+
+
+def _record(name: str, start: int, end: int) -> tuple[int, int, str]:
+    return (start, end, name)
+
+
+def test_kernel_windows_split_the_trace_by_group():
+    records = sorted([
+        _record("normal_kernel_cuda", 0, 50),                    # input generation: before the gate, not a call
+        _record("cuda_eval_gate", 100, 200),
+        _record("void my_relu_kernel<float>(float*)", 210, 260),  # own, on the current stream
+        _record("at::native::vectorized_elementwise_kernel<4, fill>", 265, 270),  # a flush or a fill: ignored
+        _record("void my_relu_kernel<float>(float*)", 280, 330),
+        _record("zero_pad_kernel", 335, 340),                    # the program's own, whatever its name says
+        _record("void side_kernel(float*)", 150, 240),           # another stream, during the gate: overlaps once
+        _record("digest_lanes", 400, 410),
+        _record("digest_tree", 411, 412),
+        _record("sm90_xmma_gemm_f32f32", 500, 600),              # between groups: not a call
+        _record("cuda_eval_gate", 700, 800),
+        _record("at::native::relu_kernel", 810, 900),
+        _record("digest_lanes", 950, 960),
+    ])
+    windows, foreign = dynamic_checks.split_windows(records, ["my_relu_kernel", "zero_pad_kernel"])
+    assert len(windows) == 2
+    assert windows[0].own == 3 and windows[0].kernels == 4
+    assert windows[0].busy_ms == pytest.approx((260 - 150 + 330 - 280 + 340 - 335) / 1e6)
+    assert windows[1].own == 0 and windows[1].busy_ms == pytest.approx(90 / 1e6)
+    assert foreign == {"void side_kernel(float*)": 1, "at::native::relu_kernel": 1}
+
+
+def test_group_sizes_and_chunks():
+    assert _chunks(0, 32) == [] and _chunks(5, 32) == [5]
+    assert _chunks(70, 32) == [24, 23, 23] and sum(_chunks(200, 32)) == 200
+    assert max(_chunks(200, 32)) <= 32 and len(_chunks(200, 32)) == 7
+
+
+def test_worker_cpu_time_is_read_from_the_kernel():
+    before = _process_tree_cpu_ns(os.getpid())
+    assert before and before > 0
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    assert _process_tree_cpu_ns(os.getpid()) - before >= 40e6
+    assert _process_tree_cpu_ns(2 ** 22 + 12345) is None
+
+
+def test_host_group_times_each_call():
+    calls = []
+    times, meta = timing.time_group(timing.HostTimer(), lambda k: calls.append(k), 5, l2_flush_bytes=0)
+    assert calls == [0, 1, 2, 3, 4] and len(times) == 5 and all(t >= 0 for t in times) and meta["held"]
+
+
+@pytest.mark.gpu
+def test_nvrtc_digest_and_gate_on_the_gpu():
+    """The CUDA digest equals the torch-op digest (one block, several blocks, a second tree level) and the gate
+    holds the stream for its wall time."""
+    kernels = device_kernels.Kernels("cuda")
+    assert kernels.backend == "nvrtc", kernels.fallback_reason
+    for n in (1, 37, 4096 * 16 + 3, 300_000, 20_000_000):
+        t = torch.randn(n, device="cuda")
+        assert kernels.digest_tensor(t, 0xDEADBEEF) == device_kernels.digest_tensor_torch(t, 0xDEADBEEF), n
+    half = torch.randn(1001, 3, device="cuda").half()
+    assert kernels.digests([half], 5) == device_kernels.Kernels("cpu").digests([half.cpu()], 5)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    assert kernels.gate(5.0)
+    end.record()
+    end.synchronize()
+    assert 4.9 <= start.elapsed_time(end) <= 7.0
+
+
+class _FakeDevice:
+    """What Job's bookkeeping reads of a device (type, timers), without a device."""
+    def __init__(self, device_type: str):
+        self.type = device_type
+        self.info = {}
+
+    def timer_for(self, method):
+        return timing.HostTimer()
+
+
+def _job(device_type: str = "cpu"):
+    from cuda_eval.judge import Job
+    job = Job.__new__(Job)   # no socket, no task: only the arithmetic of the timing phase
+    job.device, job.flags, job.meta = _FakeDevice(device_type), [], {}
+    job.group_method, job.gate_ms, job.retries, job.rng_dependent, job.revealed = "gated", 1.0, 0, False, []
+    job.payload, job.dyn, job.groups = {"kernel_names": ["my_kernel"]}, {}, []
+    return job
+
+
+def _group(kind: str, times: list, wall_s: float, replay_s: float, empty_ms: float = 0.002) -> dict:
+    return {"kind": kind, "n": len(times), "times": times, "wall_s": wall_s, "gate_ms": 1.0, "held": True,
+            "replay": {"wall_s": replay_s, "cpu_s": replay_s, "empty_ms": empty_ms}}
+
+
+def test_the_reward_time_is_what_the_judges_clock_proves():
+    from cuda_eval import judge
+    allowance = judge.GROUP_JITTER_S["cuda"]
+    # Honest: 32 calls of 1 ms, the wall holds them plus the replay's cost and a little noise.
+    honest = _job("cuda")
+    honest._conclude_timing([_group("timed", [1.0] * 32, 0.032 + 0.010 + allowance / 2, 0.010)], 3, 32)
+    assert not honest.flags and not honest.timing["capped"] and honest.timing["median_ms"] == 1.0
+    # A clock 20x slow: reported 0.05 ms, the wall says 1 ms a call: the reward time is ~1 ms / 1.15, flagged.
+    forged = _job("cuda")
+    forged._conclude_timing([_group("timed", [0.05] * 32, 0.032 + 0.010 + allowance, 0.010)] * 2, 3, 64)
+    assert forged.timing["capped"] and forged.timing["reported_median_ms"] == 0.05
+    assert forged.timing["median_ms"] == pytest.approx(1.0 / judge.WALL_TOLERANCE, rel=1e-6)
+    assert [f["code"] for f in forged.flags] == ["timing_inconsistent"]
+    # A mild forgery (1.5x) is capped, not flagged; a report below half an empty call is flagged.
+    mild = _job("cuda")
+    mild._conclude_timing([_group("timed", [1.0 / 1.5] * 32, 0.032 + 0.010 + allowance, 0.010)], 3, 32)
+    assert mild.timing["capped"] and not mild.flags
+    tiny = _job("cuda")
+    tiny._conclude_timing([_group("timed", [0.0001] * 32, 0.010 + allowance, 0.010, empty_ms=0.0013)], 3, 32)
+    assert [f["code"] for f in tiny.flags] == ["timing_inconsistent"] and "empty call" in tiny.flags[0]["reason"]
+
+
+def test_the_kernel_trace_of_the_calls_is_judged():
+    def judged(windows, foreign=None, ref_kernels=()):
+        job = _job("cuda")
+        job.groups = [{"n": 2, "times": [1.0, 1.0]} for _ in range(2)]
+        job.meta.update(call_windows=windows, call_foreign_kernels=foreign or {})
+        job._reference_kernels = lambda: list(ref_kernels)
+        job.judge_call_trace()
+        return {f["code"] for f in job.flags}
+    assert judged([[1.9, 2, 2], [2.0, 2, 2]]) == set()
+    assert judged([[20.0, 2, 2], [20.0, 2, 2]]) == {"timing_inconsistent"}     # the GPU ran 10x what was reported
+    assert judged([[1.9, 2, 2]]) == {"timing_inconsistent"}                    # a group missing from the trace
+    assert judged([[1.9, 2, 2], [2.0, 0, 2]]) == {"no_custom_kernel"}           # a group without the own kernel
+    relu = "void at::native::vectorized_elementwise_kernel<4, relu>"
+    assert judged([[1.9, 2, 2], [2.0, 2, 3]], {relu: 1}, [relu]) == {"reference_op"}
+    assert judged([[1.9, 2, 2], [2.0, 2, 3]], {"sm90_xmma_gemm_f32f32": 2}) == {"library_heavy_op"}
