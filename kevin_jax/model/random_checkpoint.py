@@ -11,8 +11,9 @@ next tensor would cross the limit), which gives QwQ-32B's 14 files and its index
 template (kevin_jax.model.tokenizer.write_qwq_tokenizer), the built-in one, or none.
 
 Fast and lean: the files are created at their final size with their safetensors headers, then worker processes fill
-them in pieces of at most `chunk_bytes` (each piece generated from its own seed, so the bytes do not depend on the
-number of workers) with os.pwrite; the model is never in memory, each worker holds one piece. Values: uniform with
+them with os.pwrite, in pieces of at most PIECE_VALUES values, each drawn from its own seed (seed, tensor, piece), so
+that the bytes depend on the seed alone, not on the number of workers or the shard size; the model is never in
+memory, each worker holds one piece (32 MB of bf16 and its 64 MB float32 draw). Values: uniform with
 the standard deviation of transformers' init (0.02) for matrices and biases, 1 + that noise for norm scales, so that
 a forward pass stays finite and sampling from it is diverse. Needs only numpy and ml_dtypes (no JAX, no torch).
 """
@@ -37,7 +38,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # transformers' save_pretrained default, the limit QwQ-32B was saved with: "5GB" = 5 * 10^9 bytes.
 HF_MAX_SHARD_BYTES = 5 * 10**9
-DEFAULT_CHUNK_BYTES = 32 * 2**20
+PIECE_VALUES = 16 * 2**20
 INIT_STD = 0.02                                   # transformers' initializer_range for Qwen2
 
 _DTYPES = {"bfloat16": ("BF16", ml_dtypes.bfloat16), "float32": ("F32", np.float32)}
@@ -104,8 +105,9 @@ def hf_tensor_shapes(config: Qwen2Config) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def shard_plan(tensors: Sequence[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
-    """transformers' split of (name, bytes) in state_dict order: a new shard when the next tensor would push the
-    current one over the limit; a tensor bigger than the limit gets a shard of its own."""
+    """transformers' split (huggingface_hub.split_torch_state_dict_into_shards) of (name, bytes) in state_dict order:
+    a new shard when the next tensor would push the current one over the limit; a tensor bigger than the limit gets
+    a shard of its own, placed before the shard being filled."""
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     shards: list[list[str]] = []
@@ -203,7 +205,7 @@ class WriteStats:
 def write_random_checkpoint(out: str | os.PathLike, config: Qwen2Config | str, *, seed: int = 0,
                             workers: int | None = None, max_shard_bytes: int = HF_MAX_SHARD_BYTES,
                             dtype: str = "bfloat16", tokenizer: str | None = None,
-                            chunk_bytes: int = DEFAULT_CHUNK_BYTES, fsync: bool = True) -> WriteStats:
+                            fsync: bool = True) -> WriteStats:
     """Writes the checkpoint directory `out` (which must not exist or be empty).
 
     Args:
@@ -214,7 +216,6 @@ def write_random_checkpoint(out: str | os.PathLike, config: Qwen2Config | str, *
       dtype: "bfloat16" (as Qwen ships) or "float32".
       tokenizer: "qwq", "builtin" or "none"; default "qwq" when the vocabulary holds Qwen's 151,669 ids, else
         "builtin" when it holds the built-in tokenizer's, else "none".
-      chunk_bytes: largest piece one worker generates and writes at once (its memory).
       fsync: wait until the data is on disk (the timing then measures the disk, not the page cache).
     """
     shape = config if isinstance(config, str) else None
@@ -225,8 +226,8 @@ def write_random_checkpoint(out: str | os.PathLike, config: Qwen2Config | str, *
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
     workers = workers or os.cpu_count() or 1
-    if workers < 1 or chunk_bytes < 1:
-        raise ValueError(f"workers ({workers}) and chunk_bytes ({chunk_bytes}) must be positive")
+    if workers < 1:
+        raise ValueError(f"workers must be positive, got {workers}")
     out = os.fspath(out)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise FileExistsError(f"{out} exists and is not an empty directory: choose a new --out")
@@ -247,7 +248,6 @@ def write_random_checkpoint(out: str | os.PathLike, config: Qwen2Config | str, *
     names = shard_file_names(len(groups))
     weight_map: dict[str, str] = {}
     pieces: list[_Piece] = []
-    chunk_values = max(1, chunk_bytes // itemsize)
     for filename, group in zip(names, groups):
         path = os.path.join(out, filename)
         # As safetensors lays a file out: tensors sorted by name, data back to back after the header.
@@ -269,8 +269,8 @@ def write_random_checkpoint(out: str | os.PathLike, config: Qwen2Config | str, *
             count = nbytes[name] // itemsize
             mean = 1.0 if name.endswith("norm.weight") else 0.0
             begin = data_start + header[name]["data_offsets"][0]
-            for k, first in enumerate(range(0, count, chunk_values)):
-                pieces.append(_Piece(path, begin + first * itemsize, min(chunk_values, count - first),
+            for k, first in enumerate(range(0, count, PIECE_VALUES)):
+                pieces.append(_Piece(path, begin + first * itemsize, min(PIECE_VALUES, count - first),
                                      (seed, position[name], k), mean))
 
     if workers == 1:
