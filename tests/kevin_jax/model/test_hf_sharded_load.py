@@ -127,3 +127,17 @@ def test_trainer_path_loads_the_directory(checkpoint, mesh4):
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(direct)):
         assert a.sharding == b.sharding
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.gpu
+def test_import_onto_every_gpu_is_exact(checkpoint, transformers_tensors):
+    """The same import onto the real GPUs (FSDP over all of them, as the trainer's mesh): transfers from the reader
+    threads, the on-device layout change and the in-place layer writes, bit-exact."""
+    gpus = jax.devices("gpu")
+    mesh = parallel.make_mesh(parallel.ParallelConfig(), devices=gpus)
+    graphdef, state, stats = hf.load_hf_params(checkpoint, qwen2.ModelOptions(param_dtype="bfloat16"), mesh=mesh)
+    assert stats.bytes_read == MODEL_BYTES
+    for leaf in jax.tree_util.tree_leaves(state):
+        assert {d.platform for d in leaf.sharding.device_set} == {"gpu"} and len(leaf.sharding.device_set) == len(gpus)
+    for name, thunk, _, _ in hf.iter_hf_tensors(nnx.merge(graphdef, state)):
+        np.testing.assert_array_equal(thunk().astype(np.float32), transformers_tensors[name], err_msg=name)

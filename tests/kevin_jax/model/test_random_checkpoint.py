@@ -99,8 +99,9 @@ def test_tiny_checkpoint_is_what_transformers_and_kevin_jax_read(tiny):
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(value.float().numpy(), tensors[name].astype(np.float32), err_msg=name)
-    matrices = np.concatenate([t.astype(np.float32).ravel() for n, t in tensors.items() if not n.endswith("norm.weight")])
-    norms = np.concatenate([t.astype(np.float32).ravel() for n, t in tensors.items() if n.endswith("norm.weight")])
+    values = {n: t.astype(np.float32).ravel() for n, t in tensors.items()}
+    matrices = np.concatenate([v for n, v in values.items() if not n.endswith("norm.weight")])
+    norms = np.concatenate([v for n, v in values.items() if n.endswith("norm.weight")])
     assert abs(matrices.std() - rc.INIT_STD) < 0.001 and abs(matrices.mean()) < 0.001
     assert abs(norms.mean() - 1.0) < 0.005 and norms.std() < 0.03
     assert json.loads((out / "generation_config.json").read_text()).get("eos_token_id") == config.eos_token_id
@@ -159,7 +160,8 @@ def test_script_prints_its_table_and_fails_clearly(tmp_path):
     assert ok.returncode == 0, ok.stderr
     row = json.loads(ok.stdout.strip().splitlines()[-1])
     sizes = [(n, 2 * int(np.prod(s))) for n, s in rc.hf_tensor_shapes(named_config("tiny"))]
-    assert row["files"] == len(rc.shard_plan(sizes, 300_000)) > 1 and row["GB"] == round(2 * named_config("tiny").param_count() / 1e9, 3)
+    assert row["files"] == len(rc.shard_plan(sizes, 300_000)) > 1
+    assert row["GB"] == round(2 * named_config("tiny").param_count() / 1e9, 3)
     assert "| shape | out | files | GB |" in ok.stdout
     again = subprocess.run([sys.executable, script, "--shape", "tiny", "--out", str(tmp_path / "t")],
                            capture_output=True, text=True, timeout=300)

@@ -1,5 +1,5 @@
-"""The built-in tokenizer, QwQ-32B's real one (the Qwen vocabulary with QwQ's published chat template) and the HF-tokenizer
-wrapper: ChatML as QwQ-32B renders it, byte-level round trips, clear errors."""
+"""The built-in tokenizer, QwQ-32B's real one (the Qwen vocabulary with QwQ's published chat template) and the
+HF-tokenizer wrapper: ChatML as QwQ-32B renders it, byte-level round trips, clear errors."""
 import json
 import os
 
@@ -88,7 +88,8 @@ def qwq(tmp_path_factory):
 CONVERSATION = [
     {"role": "system", "content": "You are an expert in writing fast CUDA kernels."},
     {"role": "user", "content": "Replace the operators of this model by CUDA kernels:\n```python\n"
-                                "class Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n```"},
+                                "class Model(nn.Module):\n    def forward(self, x):\n"
+                                "        return torch.relu(x)\n```"},
     {"role": "assistant", "content": "<think>\nReLU is element-wise: one thread per element, fmaxf.\n</think>\n\n"
                                      "```python\nclass ModelNew(nn.Module):\n    ...\n```\nSummary: one ReLU kernel."},
     {"role": "user", "content": "Your kernel is correct, speedup 1.05x. Make it faster."},
@@ -115,7 +116,8 @@ def test_qwq_vocabulary_and_ids(qwq):
 
 def test_qwq_template_renders_the_published_format(qwq):
     assert qwq.render_chat(CONVERSATION) == EXPECTED_QWQ
-    assert qwq.render_chat(CONVERSATION, add_generation_prompt=False) == EXPECTED_QWQ[:-len("<|im_start|>assistant\n<think>\n")]
+    opened = "<|im_start|>assistant\n<think>\n"
+    assert qwq.render_chat(CONVERSATION, add_generation_prompt=False) == EXPECTED_QWQ[:-len(opened)]
     ids = qwq.encode_chat(CONVERSATION)
     # ... <|im_end|> \n <|im_start|> assistant \n <think> \n: generation starts inside the thought
     assert ids[-7:] == [151645, 198, 151644, 77091, 198, 151667, 198]
@@ -123,7 +125,8 @@ def test_qwq_template_renders_the_published_format(qwq):
     # A conversation that ends with the assistant's answer keeps its answer and drops its thought too.
     answered = CONVERSATION[:3]
     assert qwq.render_chat(answered, add_generation_prompt=False).endswith(
-        "<|im_start|>assistant\n```python\nclass ModelNew(nn.Module):\n    ...\n```\nSummary: one ReLU kernel.<|im_end|>\n")
+        "<|im_start|>assistant\n```python\nclass ModelNew(nn.Module):\n    ...\n```\nSummary: one ReLU kernel."
+        "<|im_end|>\n")
 
 
 def test_the_vocabulary_packages_own_template_is_qwen3s_not_qwqs(qwq, tmp_path):
