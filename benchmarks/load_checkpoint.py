@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         rows.append({
             "checkpoint_GB": round(checkpoint_bytes / 1e9, 2), "devices": len(jax.devices()),
             "mesh": parallel.describe(mesh), "param_dtype": spec.model_options.param_dtype, "cold": args.cold,
-            "repeat": repeat, "load_s": round(seconds, 1), "GB_per_s": round(stats.bytes_read / 1e9 / seconds, 3),
+            "repeat": repeat, "load_s": round(seconds, 2), "GB_per_s": round(stats.bytes_read / 1e9 / seconds, 3),
             "held_host_GB": round(stats.peak_host_bytes / 1e9, 2),
             "rss_anon_growth_GB": round((rss_peak - rss_before) / 1e9, 2),
             "params_per_device_GB": round(param_bytes / len(jax.devices()) / 1e9, 2),
