@@ -110,7 +110,7 @@ def main(argv=None) -> int:
             memory = device.memory_stats() or {}
             in_use.append(memory.get("bytes_in_use", 0))
         rows.append({
-            "checkpoint_GB": round(checkpoint_bytes / 1e9, 2), "devices": len(jax.devices()),
+            "checkpoint_GB": round(checkpoint_bytes / 1e9, 3), "devices": len(jax.devices()),
             "mesh": parallel.describe(mesh), "param_dtype": spec.model_options.param_dtype, "cold": args.cold,
             "repeat": repeat, "load_s": round(seconds, 2), "GB_per_s": round(stats.bytes_read / 1e9 / seconds, 3),
             "held_host_GB": round(stats.peak_host_bytes / 1e9, 2),
