@@ -54,7 +54,7 @@ def defaults() -> ConfigDict:
         ref_compile=False, ref_timing_cache=True, ref_timing_cache_dir="", static_policy="auto",
         skip_run_on_static_flags=True, require_custom_kernel=True, forbid_python_torch_compute=True,
         forbid_reference_ops=True, forbid_library_heavy_ops=True, forbid_host_transfer=True, kernel_trace=True,
-        flag_native_threads=False, unsynced_slack_us=50.0, retime_speedup_threshold=5.0, retime_min_ratio=0.5,
+        kernel_trace_calls=True, flag_native_threads=False, unsynced_slack_us=50.0, retime_speedup_threshold=5.0, retime_min_ratio=0.5,
         max_feedback_chars=3000, kernel_profile=False, kernel_profile_timeout_s=30.0, share_identical=True))
     c.rl = ConfigDict(dict(
         tasks_per_step=8, updates_per_batch=2, clip_eps_low=0.2, clip_eps_high=0.28, aggregation="constant_length",
