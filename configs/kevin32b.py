@@ -7,23 +7,102 @@ batch (PPO-clip with clip-higher 0.2 / 0.28, Dr. GRPO constant-length normalisat
 after 3% warm-up, gradients clipped to global norm 0.05; responses up to 16k tokens, 22k from step 30;
 temperature 0.9.
 
-Command (one node of 8 H200s; JAX and cuda_eval share the GPUs, JAX capped at 85% of each):
+Command (one node; JAX and cuda_eval share its GPUs):
   python launch/train.py --config=configs/kevin32b.py --workdir=/ckpt/kevin32b \\
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
-(or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). 8 H100s lack the memory:
-the train step's plan at 16k tokens per sequence needs 88 GB per GPU (docs/LOG.md, "MFU after the remat/log-prob
-fixes").
+(or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). The node's layout is chosen
+from the GPUs nvidia-smi lists (how many, how much memory each), or named after the file name:
+--config=configs/kevin32b.py:h100x4 (h100x4, h100x8, h200x4, h200x8; 80 GB cards count as H100, 141 GB as H200).
 
-What to expect: not measured yet (never run at this scale): wall time, correctness and speedup curves. A console line
-per step (score, correctness, sampling / evaluation / update time); in TensorBoard watch rollout/turn{0..3}/
-correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier ones),
-rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs (small).
-Held-out evaluation every 10 steps. Kill it at any point and re-run the same command to resume.
+Which nodes fit (the memory plan: deviceless XLA:GPU of the trainer's two programs, the micro-batch gradient step and
+the optimiser step, per GPU; docs/LOG.md, "the memory plan with the optimizer state in host memory"). The update
+holds the weights, the gradient sum over micro-batches, one micro-batch's gradient and its activations (remat=full,
+one row per GPU; rows are the sample padded to 16k, 32k or 40k tokens); the rest of the JAX pool (jax_memory_fraction
+of HBM) holds the sampler's KV cache between updates; cuda_eval has the rest of the GPU.
+  layout  optimiser state (host RAM)     gradient sum  update peak per GPU, GB: 16k / 22k / 32k / 40k rows  pool
+  h200x8  on the GPUs                    float32       ADD_H200X8                                          0.85
+  h100x8  host, 393 GB                   float32       ADD_H100X8                                          0.85
+  h200x4  host, 393 GB                   float32       ADD_H200X4                                          0.85
+  h100x4  host, 393 GB                   bfloat16      ADD_H100X4                                          0.90
+h100x4 cannot hold Kevin's rows (one 16k row already needs 70.7 GB of its 72 GB pool): its layout caps rows at
+12,288 tokens (env.max_prompt_tokens=4096, env.max_response_tokens=8192 throughout: a departure from the recipe,
+logged at start). 8 x H100 and both H200 nodes run the recipe as published. The offloaded layouts need 393 GB of
+host RAM for the state (the 4-GPU nodes' 512 GB leave ~100 GB for the trainer, its compile and cuda_eval's workers),
+and a checkpoint volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the free space at
+start): a 235 GB local disk holds none.
+
+What to expect: not measured yet at this scale (random-weight runs of the full-size code paths: docs/LOG.md,
+"Kevin-32B shapes on 4 x H100"). Plan of one full step (8 x 16 x 4 samples of up to ~24k tokens, 2 updates),
+bounded by decoding (KV reads at batch sizes the KV room allows) and the two updates (~8e18 FLOPs at 45% MFU):
+~2.5-3 h on 4 x H100 (rows capped), ~1.5 h on 4 x H200, ~1 h on 8 x H200. A console line per step (score,
+correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch
+rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
+ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
+(small). Held-out evaluation every 10 steps. Kill it at any point and re-run the same command to resume.
 """
+import dataclasses
+import logging
+import os
+import shutil
+import subprocess
+
 from configs import common
 
+log = logging.getLogger("configs.kevin32b")
 
-def get_config():
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    gpus: int
+    hbm_gb: int                 # per GPU
+    offload: str                # optim.offload
+    grad_dtype: str             # optim.grad_dtype
+    jax_memory_fraction: float
+    max_row_tokens: int = 0     # 0 = the recipe's (prompt 16k + response 22k, QwQ's 40k context)
+
+
+LAYOUTS = {
+    "h200x8": Layout(8, 141, "none", "float32", 0.85),
+    "h100x8": Layout(8, 80, "pinned_host", "float32", 0.85),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288),
+}
+
+
+def visible_gpus() -> tuple[int, int]:
+    """(number of GPUs this process may use, the smallest one's memory in GB) from nvidia-smi; (0, 0) without."""
+    if shutil.which("nvidia-smi") is None:
+        return 0, 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0, 0
+    memory = {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        chosen = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+        memory = {i: m for i, m in memory.items() if i in chosen}
+    return len(memory), (min(memory.values()) * 1024 ** 2 // 10 ** 9 if memory else 0)
+
+
+def detect_layout() -> str:
+    count, gb = visible_gpus()
+    if count == 0:
+        return "h200x8"         # no GPU here (a CPU box parsing the config): the paper's node
+    kind = "h200" if gb >= 130 else "h100" if gb >= 75 else None
+    if kind is None or count not in (4, 8):
+        raise ValueError(f"configs/kevin32b.py: no layout for {count} GPU(s) of {gb} GB; QwQ-32B needs 4 or 8 GPUs of "
+                         f"80 GB or more ({', '.join(LAYOUTS)}); name one to override: "
+                         f"--config=configs/kevin32b.py:h200x8")
+    return f"{kind}x{count}"
+
+
+def get_config(layout: str = "auto"):
+    name = detect_layout() if layout in ("", "auto") else layout
+    if name not in LAYOUTS:
+        raise ValueError(f"configs/kevin32b.py:{layout}: unknown layout; known: auto, {', '.join(LAYOUTS)}")
+    node = LAYOUTS[name]
     c = common.base()
     c.total_steps = 100
     c.response_schedule = "30:22528"
@@ -42,14 +121,28 @@ def get_config():
     c.rl.tasks_per_step = 8
     c.rl.updates_per_batch = 2
     # One sample per right-padded row: the update's attention is then cuDNN flash (causal); packed rows would use
-    # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context.
+    # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context,
+    # one row per GPU per micro-batch from 16k up (two of 8k, ...).
     c.rl.pack = False
-    c.rl.micro_batch_tokens = 8 * 40960     # one row per GPU per micro-batch
+    c.rl.micro_batch_tokens = node.gpus * 16384
     c.rl.logprob_chunk = 512
-    c.mesh.fsdp = -1                        # FSDP over the node's 8 GPUs (fp32 master weights + Adam: ~65 GB each)
-    c.gpu.jax_memory_fraction = 0.85
+    c.mesh.fsdp = -1                        # FSDP over the node's GPUs
+    c.optim.offload = node.offload
+    c.optim.grad_dtype = node.grad_dtype
+    c.gpu.jax_memory_fraction = node.jax_memory_fraction
+    if node.max_row_tokens:
+        c.env.max_prompt_tokens = 4096
+        c.env.max_response_tokens = node.max_row_tokens - c.env.max_prompt_tokens
+        c.response_schedule = ""
+        c.sampler.max_seq_len = node.max_row_tokens
     c.holdout.every_steps = 10
     c.holdout.num_trajectories = 4
     c.ckpt.every_steps = 1
     c.ckpt.max_to_keep = 2
+    log.info("configs/kevin32b.py: layout %s (%s): optimiser state %s, gradient sum in %s, JAX pool %.0f%% of each "
+             "GPU%s", name, "named" if name == layout else "detected",
+             "in host memory" if node.offload != "none" else "on the GPUs", node.grad_dtype,
+             100 * node.jax_memory_fraction,
+             f"; rows capped at {node.max_row_tokens} tokens (prompts {c.env.max_prompt_tokens}, responses "
+             f"{c.env.max_response_tokens}: the recipe's do not fit)" if node.max_row_tokens else "")
     return c

@@ -329,6 +329,10 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 state, stats, trainer_logprobs = updater.update(state, batches, first=(u == 0))
                 gradients_s += updater.last_times["gradients"]
                 optimizer_s += updater.last_times["optimizer"]
+                # exact values (repr): a resumed run's redone step can be compared with the killed run's line
+                log.info("%sstep %d update %d: loss %r, grad_norm %r, update_norm %r; gradients %.1fs, optimizer "
+                         "%.1fs", tag, step, u, stats.get("loss"), stats.get("grad_norm"), stats.get("update_norm"),
+                         updater.last_times["gradients"], updater.last_times["optimizer"])
                 if u == 0 and spec.rl.old_logprobs == "trainer":
                     for mb, lp in zip(batches, trainer_logprobs):
                         mb["trainer_old_logprobs"] = lp
