@@ -62,8 +62,8 @@ class Layout:
 
 
 LAYOUTS = {
-    "h200x8": Layout(8, 141, "none", "float32", 0.85),
-    "h100x8": Layout(8, 80, "pinned_host", "float32", 0.85),
+    "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
+    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.85),
     "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85),
     "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288),
 }
@@ -124,7 +124,7 @@ def get_config(layout: str = "auto"):
     # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context,
     # one row per GPU per micro-batch from 16k up (two of 8k, ...).
     c.rl.pack = False
-    c.rl.micro_batch_tokens = node.gpus * 16384
+    c.rl.micro_batch_tokens = node.gpus * (node.max_row_tokens or 16384)
     c.rl.logprob_chunk = 512
     c.mesh.fsdp = -1                        # FSDP over the node's GPUs
     c.optim.offload = node.offload

@@ -207,12 +207,16 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         stack.callback(checkpointer.close)
         latest = checkpointer.latest_step()
         reference, start_values, restore_s = None, {}, None
+        # the KL reference (kl_coef > 0): the starting weights; offloaded runs hold it in the compute dtype, like the
+        # policy's own device weights (the forward casts to it anyway)
+        as_reference = ((lambda x: x.astype(spec.model_options.compute_dtype)) if host_offload is not None
+                        else (lambda x: x.copy()))
         if latest is None:
             split = resolve_split(tasks, spec.tasks, write_to=workdir / "split.json" if is_main else None)
             graphdef, params, start_values = starting_params(spec, global_mesh, select(tasks, split, "train"),
                                                              tokenizer)
             if spec.rl.kl_coef > 0:
-                reference = jax.tree.map(lambda x: x.copy(), params)
+                reference = jax.tree.map(as_reference, params)
             state = rl_state.init_state(params, tx, host_offload)
             del params
             start_step = 1
@@ -233,7 +237,9 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             split = Split.from_dict(meta["split"])
             start_step = latest + 1
             if spec.rl.kl_coef > 0:     # the reference policy is the starting one: rebuilt, deterministically
-                reference = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
+                start = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
+                reference = jax.tree.map(as_reference, start)
+                del start
             log.info("%sresuming %s after step %d (%d updates done): checkpoint restored in %.1f s", tag, workdir,
                      latest, int(multihost.to_host(state["updates"])), restore_s)
         saved_view = offload_lib.checkpoint_view if host_offload is not None else (lambda s: s)

@@ -48,7 +48,7 @@ source device/setup.sh
 export KEVIN_SKIP_BUILD=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/kevin_jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
-[ -d "$KB_DIR" ] || { note "no KernelBench at $KB_DIR: copy it first (cp -r ../shared/kernelbench .carry/kernelbench)"; exit 2; }
+[ -d "$KB_DIR" ] || { note "no KernelBench at $KB_DIR (cp -r ../shared/kernelbench .carry/kernelbench)"; exit 2; }
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$SUMMARY"
 free -g | tee -a "$SUMMARY"; df -h / /dev/shm | tee -a "$SUMMARY"
 
@@ -61,10 +61,10 @@ trap 'kill $SMI_PID $FREE_PID 2>/dev/null' EXIT
 
 # Capped so that the whole plan fits half an hour of the node; each step still runs both updates of its batch, and
 # rl.skip_zero_advantage=False keeps the zero-advantage samples (random weights: every reward is 0) in the update.
+# Prompts keep the h100x4 layout's 4096-token budget (KernelBench level 1-2 first-turn prompts: ~1.1k-1.5k tokens).
 CAPS="--config.total_steps=2 --config.rl.tasks_per_step=2 --config.env.num_trajectories=4 --config.env.num_turns=2
-  --config.env.max_response_tokens=1024 --config.env.max_prompt_tokens=8192 --config.sampler.max_seq_len=16384
-  --config.rl.skip_zero_advantage=False --config.holdout.every_steps=0 --config.holdout.at_end=False
-  --config.log.progress=False --config.tasks.kernelbench_dir=$KB_DIR"
+  --config.env.max_response_tokens=1024 --config.rl.skip_zero_advantage=False --config.holdout.every_steps=0
+  --config.holdout.at_end=False --config.log.progress=False --config.tasks.kernelbench_dir=$KB_DIR"
 
 # --- 1. the HF directory
 if [ ! -f "$HF_DIR/model.safetensors.index.json" ]; then

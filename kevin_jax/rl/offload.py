@@ -176,7 +176,7 @@ def restore_params(restored: dict, compute_dtype) -> dict:
 
 
 def state_bytes(state: Any) -> dict[str, int]:
-    """Bytes of a state's arrays by memory kind, over all devices of all processes ({"device": .., "pinned_host": ..})."""
+    """Bytes of a state's arrays by memory kind, over all devices of all processes: {"device": n, "pinned_host": m}."""
     out: dict[str, int] = {}
     for leaf in jax.tree.leaves(state):
         kind = getattr(leaf.sharding, "memory_kind", None) or DEVICE

@@ -59,7 +59,7 @@ def _starting_weight(warm_dir: Path, name: str) -> np.ndarray:
 
 
 def _deterministic(metrics):
-    return {k: v for k, v in metrics.items() if not k.split("/", 1)[-1].startswith(("time/", "perf/"))}
+    return {k: v for k, v in metrics.items() if not k.split("/", 1)[-1].startswith(("time/", "perf/", "mem/"))}
 
 
 @pytest.fixture(scope="module")
