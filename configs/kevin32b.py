@@ -14,27 +14,32 @@ Command (one node; JAX and cuda_eval share its GPUs):
 from the GPUs nvidia-smi lists (how many, how much memory each), or named after the file name:
 --config=configs/kevin32b.py:h100x4 (h100x4, h100x8, h200x4, h200x8; 80 GB cards count as H100, 141 GB as H200).
 
-Which nodes fit (the memory plan: deviceless XLA:GPU of the trainer's two programs, the micro-batch gradient step and
-the optimiser step, per GPU; docs/LOG.md, "the memory plan with the optimizer state in host memory"). The update
-holds the weights, the gradient sum over micro-batches, one micro-batch's gradient and its activations (remat=full,
-one row per GPU; rows are the sample padded to 16k, 32k or 40k tokens); the rest of the JAX pool (jax_memory_fraction
-of HBM) holds the sampler's KV cache between updates; cuda_eval has the rest of the GPU.
-  layout  optimiser state (host RAM)     gradient sum  update peak per GPU, GB: 16k / 22k / 32k / 40k rows  pool
-  h200x8  on the GPUs                    float32       ADD_H200X8                                          0.85
-  h100x8  host, 393 GB                   float32       ADD_H100X8                                          0.85
-  h200x4  host, 393 GB                   float32       ADD_H200X4                                          0.85
-  h100x4  host, 393 GB                   bfloat16      ADD_H100X4                                          0.90
-h100x4 cannot hold Kevin's rows (one 16k row already needs 70.7 GB of its 72 GB pool): its layout caps rows at
-12,288 tokens (env.max_prompt_tokens=4096, env.max_response_tokens=8192 throughout: a departure from the recipe,
-logged at start). 8 x H100 and both H200 nodes run the recipe as published. The offloaded layouts need 393 GB of
-host RAM for the state (the 4-GPU nodes' 512 GB leave ~100 GB for the trainer, its compile and cuda_eval's workers),
-and a checkpoint volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the free space at
-start): a 235 GB local disk holds none.
+Which nodes fit (the memory plan: deviceless XLA:GPU compiles of the trainer's two programs, the micro-batch gradient
+step and the optimiser step, per GPU; docs/LOG.md, "the memory plan with the optimizer state in host memory"). The
+gradient step holds the weights, the gradient sum, one micro-batch's gradient and its activations (remat=full, one
+row per GPU: the sample padded to 16k, 32k or 40k tokens; two rows of 8k count as 16k); the JAX pool
+(gpu.jax_memory_fraction of HBM) must hold its peak, and between updates the sampler's KV cache may use what the
+state on the GPU leaves of the pool; cuda_eval has the rest of each GPU.
+  layout  optimiser state  gradient sum  peak GB at 16k / 22k / 32k / 40k tokens  pool GB  KV room GB  cuda_eval GB
+  h200x8  host RAM         float32       52.5 / 57.8 / 67.3 / 73.9                120      112         21
+  h100x8  host RAM         bfloat16      44.1 / 49.4 / 59.5 / 66.7                72       64          8
+  h200x4  host RAM         float32       87.0 / 92.6 / 102.2 / 110.2              120      103         21
+  h100x4  host RAM         bfloat16      70.7 / 76.5 / 85.8 / 93.8 (12k: 66.7)    72       56          8
+(Compiled for the H100; the H200 target adds 1.1-1.6 GB in the two cases checked.) The state on the GPUs instead
+(optim.offload=none, 8 x H200): 103 / 108.5 / 118.2 / 126.2 GB, over the pool at 40k rows, so every layout keeps
+the float32 master weights and AdamW moments in host RAM (393 GB; the 4-GPU nodes' 512 GB leave ~100 GB for the
+trainer and cuda_eval's workers; streamed through the GPUs once per update, a few seconds).
+h100x4 cannot hold Kevin's rows: its layout caps them at 12,288 tokens (env.max_prompt_tokens=4096,
+env.max_response_tokens=8192 throughout; a departure from the recipe, logged at start). The others run the recipe as
+published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
+free space at start): a 4-GPU node's 235 GB local disk holds none.
 
 What to expect: not measured yet at this scale (random-weight runs of the full-size code paths: docs/LOG.md,
-"Kevin-32B shapes on 4 x H100"). Plan of one full step (8 x 16 x 4 samples of up to ~24k tokens, 2 updates),
-bounded by decoding (KV reads at batch sizes the KV room allows) and the two updates (~8e18 FLOPs at 45% MFU):
-~2.5-3 h on 4 x H100 (rows capped), ~1.5 h on 4 x H200, ~1 h on 8 x H200. A console line per step (score,
+"Kevin-32B shapes on 4 x H100"). Plan of one full step, before measurement (512 samples of ~4k prompt + ~12k
+response tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth
+roofline, weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200
+(decoding ~14 min, the updates ~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped
+(~18 + ~32). The updates bound every node; evaluation overlaps decoding. A console line per step (score,
 correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch
 rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
 ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
@@ -63,7 +68,7 @@ class Layout:
 
 LAYOUTS = {
     "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
-    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.85),
+    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
     "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85),
     "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288),
 }
