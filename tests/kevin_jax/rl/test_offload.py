@@ -11,6 +11,7 @@ from flax import nnx
 
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import parallel
+from kevin_jax.evaluation import policy_source
 from kevin_jax.model import qwen2, shapes
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl import loss as rl_loss
@@ -152,11 +153,16 @@ def test_offloaded_state_checkpoints_and_restores_into_host_memory(tmp_path, run
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     target = offload.checkpoint_view(offload.abstract_state(abstract_params, tx, jnp.float32, replicated))
     restored, meta = ckpt.restore(1, target)
-    ckpt.close()
-    assert meta == {"step": 1} and "params" not in restored
+    assert meta == {"step": 1} and "params" not in restored and ckpt.state_keys(1) == {"master", "opt_state",
+                                                                                         "updates"}
     assert {x.sharding.memory_kind for x in jax.tree.leaves(restored["master"])} == {"pinned_host"}
     state = offload.restore_params(restored, jnp.float32)
     assert_trees_close(state, off, rtol=0, atol=0)
+    # launch/eval.py's policy from an offloaded run's checkpoint: the float32 master, onto the devices
+    weights = policy_source._restore_params(ckpt, 1, abstract_params, None, mesh)
+    ckpt.close()
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(weights)} == {"device"}
+    assert_trees_close(weights, off["master"], rtol=0, atol=0)
 
 
 def test_bad_offload_settings_are_clear_errors():
