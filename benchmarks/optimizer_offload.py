@@ -1,8 +1,10 @@
 """The optimiser step with the float32 master weights and AdamW moments in host memory: the candidate mechanisms,
 timed on this machine's GPU(s) at a realistic shard size, against the state resident on the GPU.
 
-    python benchmarks/optimizer_offload.py --out $OUT/optimizer_offload.json             # 1 x H100: 2G, 6G params
-    python benchmarks/optimizer_offload.py --params-per-gpu 2,8.2 --out $OUT/oo_x4.json   # 4 GPUs; 8.2 = QwQ-32B
+    python benchmarks/optimizer_offload.py --out $OUT/optimizer_offload.json             # 1 x H100: 2G, 4G params
+    python benchmarks/optimizer_offload.py --params-per-gpu 2 --out $OUT/oo_x4.json       # 4 GPUs, every variant
+    python benchmarks/optimizer_offload.py --params-per-gpu 8.2 --variants pinned_host_layers --grad-dtype bfloat16 \
+        --out $OUT/oo_x4_32b.json                # 4 GPUs: QwQ-32B itself (8.2G per GPU), the h100x4 layout
 
 The parameter tree is QwQ-32B's (kevin_jax.model.shapes "qwq_32b": embeddings, LM head and a stack of decoder
 layers, sharded FSDP over every local GPU as the trainer shards it) with as many layers as make --params-per-gpu
@@ -30,7 +32,8 @@ definition of the issue's 53 GB/s data point); peak GB of the first GPU (allocat
 projection to QwQ-32B on 4 GPUs (8.19G parameters per GPU) per update and per RL step (2 updates): for the per-GPU
 mechanisms (resident, pinned_host_*) the time per parameter of one GPU's shard (valid as measured when run on the 4
 GPUs: they share the host's memory bandwidth), for the host-CPU mechanisms the time per parameter of the whole model
-(one host computes every GPU's shard).
+(one host computes every GPU's shard). Variants that need more GPU memory or host RAM than there is are skipped
+with the reason (at QwQ-32B's size only the per-layer stream fits 4 x H100 and 512 GB).
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ GB = 1e9
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--params-per-gpu", default="2,6", help="comma-separated billions of parameters per GPU")
+    p.add_argument("--params-per-gpu", default="2,4", help="comma-separated billions of parameters per GPU")
     p.add_argument("--model", default="qwq_32b", help="the shape whose layers are stacked (tiny: a CPU smoke test)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--reps", type=int, default=3, help="timed updates per variant (after one warm-up)")
@@ -78,6 +81,7 @@ def run_one(variant: str, billions_per_gpu: float, args) -> dict:
     import jax.numpy as jnp
     import numpy as np
     import optax
+    import psutil
     from flax import nnx
 
     from kevin_jax import parallel
@@ -102,6 +106,13 @@ def run_one(variant: str, billions_per_gpu: float, args) -> dict:
             "pinned_host_layers": 2 + grad_bytes, "host_compute": 2 + grad_bytes, "host_backend": 2 + grad_bytes}
     if hbm and need[variant] * per_gpu > 0.92 * hbm:
         out["status"] = f"skipped: needs ~{need[variant] * per_gpu / GB:.0f} GB per GPU of {hbm / GB:.0f}"
+        return out
+    # host RAM per parameter: the state (12), and for the host-CPU variants the gradients and new weights there too
+    host_need = {"resident": 0, "pinned_host_whole": 12, "pinned_host_layers": 12,
+                 "host_compute": 12 + grad_bytes + 2, "host_backend": 12 + grad_bytes + 2 + 4}[variant] * total
+    available = psutil.virtual_memory().available
+    if host_need > 0.9 * available:
+        out["status"] = f"skipped: needs ~{host_need / GB:.0f} GB of host RAM, {available / GB:.0f} GB available"
         return out
 
     options = qwen2.ModelOptions(dtype="bfloat16", param_dtype="float32")

@@ -45,6 +45,8 @@ def _samples(seed):
 
 
 def _mesh(fsdp=2):
+    """FSDP over 2 devices (the fake CPU devices; a one-GPU machine runs it on its GPU, with real transfers)."""
+    fsdp = min(fsdp, len(jax.devices()))
     return parallel.make_mesh(parallel.ParallelConfig(fsdp=fsdp), devices=jax.devices()[:fsdp])
 
 
