@@ -30,6 +30,21 @@ Platforms:
                   from jax.config.update or absl flags only; the environment variable JAX_MOCK_GPU_TOPOLOGY is
                   ignored, which is why the first H200 run saw 1 device.)
 Each device count runs in its own process.
+
+Programs (--program):
+  fused    one jit of forward + backward + AdamW (the plan of a full fine-tune, parameters and state on the GPUs).
+  trainer  the two programs the RL trainer runs (kevin_jax.rl.state.Updater): the micro-batch gradient step
+           (weights, the gradient sum over micro-batches, one micro-batch of --per-device-batch rows of --seq-len
+           tokens per data-parallel device) and the optimiser step, with the optimiser state on the GPUs
+           (--offload none) or in host memory (--offload pinned_host: bf16 weights on the GPUs, float32 master and
+           AdamW moments in host RAM, kevin_jax.rl.offload), gradients summed in --grad-dtype. Reported per GPU: the
+           peak of each program, host RAM of the offloaded state (per node), and what the GPU has left for the
+           sampler's KV cache (the JAX pool, --jax-fraction of HBM, minus the weights) and for cuda_eval (the rest).
+           Deviceless XLA:GPU has no host memory space: it compiles the offloaded step as if the state were on the
+           GPU, so its host-resident bytes are subtracted from that step's peak (exact: they are the step's
+           arguments and aliased outputs); what remains is the weights, the gradients and the per-layer buffers.
+  python benchmarks/aot_memory.py --program trainer --offload pinned_host --grad-dtype bfloat16 --devices 4 \
+      --platform gpu_deviceless --gpu-target h100_sxm --seq-len 32768
 AOT_EXTRA_XLA_FLAGS (env) is appended to the workers' XLA_FLAGS, e.g. "--xla_dump_to=/tmp/dump" to read XLA's
 buffer assignment (*memory-usage-report.txt) and see which buffers make up the peak.
 """
@@ -67,6 +82,11 @@ def parse_args(argv=None):
     p.add_argument("--logprob-chunk", type=int, default=1024)
     p.add_argument("--timeout", type=int, default=900, help="seconds per device count")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--program", choices=("fused", "trainer"), default="fused")
+    p.add_argument("--offload", choices=("none", "pinned_host"), default="none", help="trainer program only")
+    p.add_argument("--grad-dtype", choices=("float32", "bfloat16"), default="float32", help="trainer program only")
+    p.add_argument("--jax-fraction", type=float, default=0.85,
+                   help="the JAX pool's share of HBM (gpu.jax_memory_fraction): the rest is cuda_eval's")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -167,6 +187,79 @@ def _deviceless_gpu_devices(jax, n: int, target: str) -> tuple[list, str]:
     return list(topology.devices), "; ".join(notes)
 
 
+def trainer_programs(jax, mesh, graphdef, abstract_params, param_shardings, model_config, options, args) -> dict:
+    """Memory of the trainer's gradient step and optimiser step (kevin_jax.rl.state.Updater), per device."""
+    import jax.numpy as jnp
+    import optax
+
+    from kevin_jax.rl import batch as rl_batch
+    from kevin_jax.rl import loss as rl_loss
+    from kevin_jax.rl import offload as offload_lib
+    from kevin_jax.rl import state as rl_state
+
+    optim = rl_state.OptimConfig(offload=args.offload, grad_dtype=args.grad_dtype)
+    tx = rl_state.make_optimizer(optim, 100)
+    host = rl_state.host_offload(optim, 100, options.compute_dtype)
+    rl = rl_loss.RLConfig(pack=False, logprob_chunk=args.logprob_chunk)
+    grad_dtype = rl_state.GRAD_DTYPES[args.grad_dtype]
+    updater = rl_state.Updater(graphdef, tx, rl_state.learning_rate_schedule(optim, 100), rl, mesh, 0.9,
+                               offload=host, grad_dtype=grad_dtype)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    master = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=s), abstract_params,
+                          param_shardings)
+    if host is not None:
+        state = offload_lib.abstract_state(master, tx, options.compute_dtype, replicated)
+    else:
+        opt = jax.eval_shape(tx.init, master)
+        opt_shardings = optax.tree_utils.tree_map_params(tx, lambda _, s: s, opt, param_shardings,
+                                                         transform_non_params=lambda _: replicated)
+        state = {"params": master,
+                 "opt_state": jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt,
+                                           opt_shardings),
+                 "updates": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)}
+    grads = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, grad_dtype, sharding=a.sharding), master)
+    rows = args.per_device_batch * mesh.shape["data"] * mesh.shape["fsdp"]
+    batch = {k: jax.ShapeDtypeStruct((rows, args.seq_len), v.dtype, sharding=updater.batch_sharding)
+             for k, v in rl_batch._empty(1, 1).items()}
+
+    def memory(compiled):
+        ma = compiled.memory_analysis()
+        out = {k: int(getattr(ma, k, 0) or 0) for k in (
+            "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+            "host_argument_size_in_bytes", "host_temp_size_in_bytes")}
+        out["peak_estimate_bytes"] = (out["argument_size_in_bytes"] + out["output_size_in_bytes"]
+                                      - out["alias_size_in_bytes"] + out["temp_size_in_bytes"])
+        return out
+
+    n = mesh.devices.size
+    t0 = time.time()
+    grad_step = memory(updater._grads.lower(state["params"], grads, batch, first=True).compile())
+    t1 = time.time()
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    updater._state_shardings = shardings
+    apply = jax.jit(updater._apply_impl, donate_argnums=(0,), out_shardings=(shardings, None))
+    opt_step = memory(apply.lower(state, grads, None).compile())
+    t2 = time.time()
+    # what kevin_jax.rl.offload keeps in host memory (by structure: deviceless devices drop memory kinds)
+    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    host_bytes = 0 if host is None else (nbytes(state["master"]) + nbytes(optax.tree_utils.tree_get(
+        state["opt_state"], "mu")) + nbytes(optax.tree_utils.tree_get(state["opt_state"], "nu")))
+    device_weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state["params"])) / n
+    # deviceless: the host state counted as device arguments (subtract it); on a real GPU (gpu_mock) XLA reports
+    # host memory apart
+    host_apart = opt_step["host_argument_size_in_bytes"] > 0
+    opt_step["device_peak_bytes"] = opt_step["peak_estimate_bytes"] - (0 if host_apart else host_bytes / n)
+    # The gradient step runs with the rest of the train state resident on the device (the moments, when they are
+    # not offloaded): not its arguments, but in the same memory.
+    resident = (sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) - host_bytes) / n - device_weights
+    grad_step["device_peak_bytes"] = grad_step["peak_estimate_bytes"] + resident
+    peak = max(grad_step["device_peak_bytes"], opt_step["device_peak_bytes"])
+    return {"grad_step": grad_step, "opt_step": opt_step, "host_state_bytes_per_node": host_bytes,
+            "device_weight_bytes": device_weights, "device_state_bytes": device_weights + resident,
+            "peak_bytes": peak,
+            "grad_compile_s": round(t1 - t0, 1), "opt_compile_s": round(t2 - t1, 1)}
+
+
 def worker(args) -> dict:
     n = args.worker
     extra = os.environ.get("AOT_EXTRA_XLA_FLAGS", "")      # e.g. --xla_dump_to=DIR to read buffer assignment
@@ -225,6 +318,15 @@ def worker(args) -> dict:
     opt_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_abstract,
                           opt_shardings)
 
+    if args.program == "trainer":
+        t0 = time.time()
+        result = trainer_programs(jax, mesh, graphdef, abstract_params, param_shardings, config, options, args)
+        return {"devices": n, "mesh": parallel.describe(mesh), "platform": args.platform,
+                "backend": jax.default_backend(), "device_kind": devices[0].device_kind, "note": note,
+                "jax": jax.__version__, "model": args.model, "program": "trainer", "offload": args.offload,
+                "grad_dtype": args.grad_dtype, "remat": args.remat, "seq_len": args.seq_len,
+                "per_device_batch": args.per_device_batch, "compile_s": round(time.time() - t0, 1),
+                "trainer": result}
     batch_size = args.per_device_batch * mesh.shape["data"] * mesh.shape["fsdp"]
     row = parallel.batch_sharding(mesh, 2)
     vec = parallel.batch_sharding(mesh, 1)
@@ -294,6 +396,29 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def trainer_table(results: list[dict], jax_fraction: float) -> str:
+    lines = ["| devices | mesh | offload | grads | tokens/GPU | grad step peak GB | optimizer step peak GB | state on "
+             "GPU GB | host RAM GB (node) | "
+             + " | ".join(f"{name}: fits / KV room / cuda_eval GB" for name in HBM) + " |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(HBM)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['devices']} | - | - | - | - | error: {r['error'][:100]} |")
+            continue
+        t = r["trainer"]
+        cells = []
+        for cap in HBM.values():
+            pool = jax_fraction * cap
+            fits = "yes" if t["peak_bytes"] <= pool else "NO"
+            # between updates the JAX pool holds the train state's device part; the KV cache may take the rest
+            cells.append(f"{fits} / {(pool - t['device_state_bytes']) / GB:.0f} / {(cap - pool) / GB:.0f}")
+        lines.append(f"| {r['devices']} | {r['mesh']} | {r['offload']} | {r['grad_dtype']} | "
+                     f"{r['per_device_batch']} x {r['seq_len']} | {t['grad_step']['device_peak_bytes'] / GB:.1f} | "
+                     f"{t['opt_step']['device_peak_bytes'] / GB:.1f} | {t['device_state_bytes'] / GB:.1f} | "
+                     f"{t['host_state_bytes_per_node'] / GB:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker is not None:
@@ -314,9 +439,27 @@ def main(argv=None):
         except subprocess.TimeoutExpired:
             results.append({"devices": n, "error": f"timed out after {args.timeout}s"})
         r = results[-1]
-        print(f"[{n} devices] {time.time() - start:.0f}s " +
-              (f"peak {r['xla']['peak_estimate_bytes'] / GB:.1f} GB" if "xla" in r else r["error"]), flush=True)
+        if "trainer" in r:
+            status = f"peak {r['trainer']['peak_bytes'] / GB:.1f} GB"
+        else:
+            status = f"peak {r['xla']['peak_estimate_bytes'] / GB:.1f} GB" if "xla" in r else r["error"]
+        print(f"[{n} devices] {time.time() - start:.0f}s {status}", flush=True)
     print()
+    if args.program == "trainer":
+        print(f"model={args.model} program=trainer offload={args.offload} grad_dtype={args.grad_dtype} "
+              f"seq_len={args.seq_len} per_device_batch={args.per_device_batch} remat={args.remat} "
+              f"platform={args.platform} target={args.gpu_target} jax_fraction={args.jax_fraction}")
+        print(trainer_table(results, args.jax_fraction))
+        for r in results:
+            if "trainer" in r:
+                t = r["trainer"]
+                print(f"{r['devices']} devices: grad step {t['grad_step']}; optimizer step {t['opt_step']}; "
+                      f"compile {t['grad_compile_s']} + {t['opt_compile_s']} s; {r.get('note')}")
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f, indent=2)
+        return
     print(f"model={args.model} seq_len={args.seq_len} per_device_batch={args.per_device_batch} remat={args.remat} "
           f"param_dtype={args.param_dtype} platform={args.platform} tensor={args.tensor}")
     print(table(results))

@@ -62,12 +62,14 @@ def defaults() -> ConfigDict:
         micro_batch_tokens=65536, pack=True, row_len=0, min_row_len=256, logprob_chunk=1024,
         compile_only_score=0.3))
     c.optim = ConfigDict(dict(learning_rate=2e-6, warmup_fraction=0.03, b1=0.9, b2=0.999, eps=1e-8,
-                              weight_decay=0.01, grad_clip_norm=0.05))
+                              weight_decay=0.01, grad_clip_norm=0.05,
+                              offload="none",        # "pinned_host": master weights + AdamW moments in host RAM
+                              grad_dtype="float32"))
     c.mesh = ConfigDict(dict(data=1, fsdp=-1, tensor=1, coordinator_address=config_dict.placeholder(str),
                              num_processes=config_dict.placeholder(int), process_id=config_dict.placeholder(int)))
     c.gpu = ConfigDict(dict(jax_devices="all", jax_memory_fraction=0.6, preallocate=True))
     c.log = ConfigDict(dict(tensorboard=True, trajectories=True, progress=True, thought_prefix="Okay"))
-    c.ckpt = ConfigDict(dict(every_steps=1, max_to_keep=3, async_save=True))
+    c.ckpt = ConfigDict(dict(every_steps=1, max_to_keep=3, async_save=True, enabled=True, dir="", concurrent_gb=32))
     c.holdout = ConfigDict(dict(every_steps=0, at_end=True, num_trajectories=4))
     # corpus: "" = built-in correct solutions (first turn), "builtin" = the shipped mixed-quality multi-turn corpus,
     # or a JSONL path (kevin_jax/sft.py); launch/sft.py runs this section standalone and writes an HF checkpoint.

@@ -7,23 +7,107 @@ batch (PPO-clip with clip-higher 0.2 / 0.28, Dr. GRPO constant-length normalisat
 after 3% warm-up, gradients clipped to global norm 0.05; responses up to 16k tokens, 22k from step 30;
 temperature 0.9.
 
-Command (one node of 8 H200s; JAX and cuda_eval share the GPUs, JAX capped at 85% of each):
+Command (one node; JAX and cuda_eval share its GPUs):
   python launch/train.py --config=configs/kevin32b.py --workdir=/ckpt/kevin32b \\
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
-(or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). 8 H100s lack the memory:
-the train step's plan at 16k tokens per sequence needs 88 GB per GPU (docs/LOG.md, "MFU after the remat/log-prob
-fixes").
+(or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). The node's layout is chosen
+from the GPUs nvidia-smi lists (how many, how much memory each), or named after the file name:
+--config=configs/kevin32b.py:h100x4 (h100x4, h100x8, h200x4, h200x8; 80 GB cards count as H100, 141 GB as H200).
 
-What to expect: not measured yet (never run at this scale): wall time, correctness and speedup curves. A console line
-per step (score, correctness, sampling / evaluation / update time); in TensorBoard watch rollout/turn{0..3}/
-correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier ones),
-rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs (small).
-Held-out evaluation every 10 steps. Kill it at any point and re-run the same command to resume.
+Which nodes fit (the memory plan: deviceless XLA:GPU compiles of the trainer's two programs, the micro-batch gradient
+step and the optimiser step, per GPU; docs/LOG.md, "the memory plan with the optimizer state in host memory"). The
+gradient step holds the weights, the gradient sum, one micro-batch's gradient and its activations (remat=full, one
+row per GPU: the sample padded to 16k, 32k or 40k tokens; two rows of 8k count as 16k); the JAX pool
+(gpu.jax_memory_fraction of HBM) must hold its peak, and between updates the sampler's KV cache may use what the
+state on the GPU leaves of the pool; cuda_eval has the rest of each GPU.
+  layout  optimiser state  gradient sum  peak GB at 16k / 22k / 32k / 40k tokens  pool GB  KV room GB  cuda_eval GB
+  h200x8  host RAM         float32       52.5 / 57.8 / 67.3 / 73.9                120      112         21
+  h100x8  host RAM         bfloat16      44.1 / 49.4 / 59.5 / 66.7                72       64          8
+  h200x4  host RAM         float32       87.0 / 92.6 / 102.2 / 110.2              120      103         21
+  h100x4  host RAM         bfloat16      70.7 / 76.5 / 85.8 / 93.8 (12k: 66.7)    72       56          8
+(Compiled for the H100; the H200 target adds 1.1-1.6 GB in the two cases checked.) The state on the GPUs instead
+(optim.offload=none, 8 x H200): 103 / 108.5 / 118.2 / 126.2 GB, over the pool at 40k rows, so every layout keeps
+the float32 master weights and AdamW moments in host RAM (393 GB; the 4-GPU nodes' 512 GB leave ~100 GB for the
+trainer and cuda_eval's workers; streamed through the GPUs once per update, a few seconds).
+h100x4 cannot hold Kevin's rows: its layout caps them at 12,288 tokens (env.max_prompt_tokens=4096,
+env.max_response_tokens=8192 throughout; a departure from the recipe, logged at start). The others run the recipe as
+published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
+free space at start): a 4-GPU node's 235 GB local disk holds none.
+
+What to expect: not measured yet at this scale (random-weight runs of the full-size code paths: docs/LOG.md,
+"Kevin-32B shapes on 4 x H100"). Plan of one full step, before measurement (512 samples of ~4k prompt + ~12k
+response tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth
+roofline, weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200
+(decoding ~14 min, the updates ~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped
+(~18 + ~32). The updates bound every node; evaluation overlaps decoding. A console line per step (score,
+correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch
+rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
+ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
+(small). Held-out evaluation every 10 steps. Kill it at any point and re-run the same command to resume.
 """
+import dataclasses
+import logging
+import os
+import shutil
+import subprocess
+
 from configs import common
 
+log = logging.getLogger("configs.kevin32b")
 
-def get_config():
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    gpus: int
+    hbm_gb: int                 # per GPU
+    offload: str                # optim.offload
+    grad_dtype: str             # optim.grad_dtype
+    jax_memory_fraction: float
+    max_row_tokens: int = 0     # 0 = the recipe's (prompt 16k + response 22k, QwQ's 40k context)
+
+
+LAYOUTS = {
+    "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
+    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288),
+}
+
+
+def visible_gpus() -> tuple[int, int]:
+    """(number of GPUs this process may use, the smallest one's memory in GB) from nvidia-smi; (0, 0) without."""
+    if shutil.which("nvidia-smi") is None:
+        return 0, 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0, 0
+    memory = {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        chosen = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+        memory = {i: m for i, m in memory.items() if i in chosen}
+    return len(memory), (min(memory.values()) * 1024 ** 2 // 10 ** 9 if memory else 0)
+
+
+def detect_layout() -> str:
+    count, gb = visible_gpus()
+    if count == 0:
+        return "h200x8"         # no GPU here (a CPU box parsing the config): the paper's node
+    kind = "h200" if gb >= 130 else "h100" if gb >= 75 else None
+    if kind is None or count not in (4, 8):
+        raise ValueError(f"configs/kevin32b.py: no layout for {count} GPU(s) of {gb} GB; QwQ-32B needs 4 or 8 GPUs of "
+                         f"80 GB or more ({', '.join(LAYOUTS)}); name one to override: "
+                         f"--config=configs/kevin32b.py:h200x8")
+    return f"{kind}x{count}"
+
+
+def get_config(layout: str = "auto"):
+    name = detect_layout() if layout in ("", "auto") else layout
+    if name not in LAYOUTS:
+        raise ValueError(f"configs/kevin32b.py:{layout}: unknown layout; known: auto, {', '.join(LAYOUTS)}")
+    node = LAYOUTS[name]
     c = common.base()
     c.total_steps = 100
     c.response_schedule = "30:22528"
@@ -42,14 +126,28 @@ def get_config():
     c.rl.tasks_per_step = 8
     c.rl.updates_per_batch = 2
     # One sample per right-padded row: the update's attention is then cuDNN flash (causal); packed rows would use
-    # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context.
+    # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context,
+    # one row per GPU per micro-batch from 16k up (two of 8k, ...).
     c.rl.pack = False
-    c.rl.micro_batch_tokens = 8 * 40960     # one row per GPU per micro-batch
+    c.rl.micro_batch_tokens = node.gpus * (node.max_row_tokens or 16384)
     c.rl.logprob_chunk = 512
-    c.mesh.fsdp = -1                        # FSDP over the node's 8 GPUs (fp32 master weights + Adam: ~65 GB each)
-    c.gpu.jax_memory_fraction = 0.85
+    c.mesh.fsdp = -1                        # FSDP over the node's GPUs
+    c.optim.offload = node.offload
+    c.optim.grad_dtype = node.grad_dtype
+    c.gpu.jax_memory_fraction = node.jax_memory_fraction
+    if node.max_row_tokens:
+        c.env.max_prompt_tokens = 4096
+        c.env.max_response_tokens = node.max_row_tokens - c.env.max_prompt_tokens
+        c.response_schedule = ""
+        c.sampler.max_seq_len = node.max_row_tokens
     c.holdout.every_steps = 10
     c.holdout.num_trajectories = 4
     c.ckpt.every_steps = 1
     c.ckpt.max_to_keep = 2
+    log.info("configs/kevin32b.py: layout %s (%s): optimiser state %s, gradient sum in %s, JAX pool %.0f%% of each "
+             "GPU%s", name, "named" if name == layout else "detected",
+             "in host memory" if node.offload != "none" else "on the GPUs", node.grad_dtype,
+             100 * node.jax_memory_fraction,
+             f"; rows capped at {node.max_row_tokens} tokens (prompts {c.env.max_prompt_tokens}, responses "
+             f"{c.env.max_response_tokens}: the recipe's do not fit)" if node.max_row_tokens else "")
     return c

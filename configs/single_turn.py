@@ -2,7 +2,8 @@
 
 64 trajectories per task keep the 64 samples per task of the multi-turn run (16 trajectories x 4 turns).
 
-Command (one node of 8 H200s, as configs/kevin32b.py):
+Command (one node, laid out as configs/kevin32b.py does: detected, or named after the file name, e.g.
+configs/single_turn.py:h200x8):
   python launch/train.py --config=configs/single_turn.py --workdir=/ckpt/kevin32b_single \\
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
 
@@ -13,8 +14,8 @@ from configs import common  # noqa: F401  (the repo root on sys.path, as for eve
 from configs import kevin32b
 
 
-def get_config():
-    c = kevin32b.get_config()
+def get_config(layout: str = "auto"):
+    c = kevin32b.get_config(layout)
     c.env.num_turns = 1
     c.env.num_trajectories = 64
     c.reward.aggregation = "single_turn"

@@ -192,6 +192,37 @@ def mfu(flops: float, seconds: float, num_devices: int, peak: float | None) -> f
     return flops / (seconds * num_devices * peak)
 
 
+# ------------------------------------------------------------------------------------------------ memory
+def memory_scalars(devices: Sequence) -> dict[str, float]:
+    """This process's memory, GB: the peak and current use of each local accelerator (XLA's allocator statistics:
+    the peak since the process started; absent on the CPU backend), the process's resident host memory now and its
+    high-water mark (pinned host buffers of an offloaded optimiser state are resident, so they count), and the
+    whole node's used memory (cuda_eval's worker processes included)."""
+    import resource
+
+    import psutil
+
+    out: dict[str, float] = {}
+    peaks, in_use = [], []
+    for i, device in enumerate(devices):
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:       # backends without allocator statistics
+            stats = {}
+        if "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+            in_use.append(stats.get("bytes_in_use", 0))
+            out[f"mem/hbm_peak_gb/gpu{i}"] = stats["peak_bytes_in_use"] / 1e9
+    if peaks:
+        out["mem/hbm_peak_gb"] = max(peaks) / 1e9
+        out["mem/hbm_in_use_gb"] = max(in_use) / 1e9
+    out["mem/host_rss_gb"] = psutil.Process().memory_info().rss / 1e9
+    out["mem/host_rss_peak_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9   # Linux: kB
+    vm = psutil.virtual_memory()
+    out["mem/node_used_gb"] = (vm.total - vm.available) / 1e9
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ console
 class Progress:
     """A tqdm bar over RL steps with the headline numbers of the last step (process 0 only)."""

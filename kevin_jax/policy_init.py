@@ -24,6 +24,7 @@ from kevin_jax import multihost, parallel, sft
 from kevin_jax.env.prompts import PromptRenderer
 from kevin_jax.model import hf, qwen2, shapes
 from kevin_jax.model.tokenizer import BUILTIN_DIR, Tokenizer, load_tokenizer
+from kevin_jax.rl import offload
 from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.tasks import load_tasks, resolve_split, select
 
@@ -71,10 +72,14 @@ def starting_params(spec: RunSpec, mesh, train_tasks, tokenizer) -> tuple[Any, A
 
 
 def abstract_state(spec: RunSpec, mesh, tx: optax.GradientTransformation) -> tuple[Any, Any]:
-    """(graphdef, ShapeDtypeStructs with shardings of the train state): the restore target, nothing allocated."""
+    """(graphdef, ShapeDtypeStructs with shardings of the train state): the restore target, nothing allocated (with
+    optim.offload, the master copy and moments in host memory: kevin_jax.rl.offload)."""
     graphdef, params = nnx.split(qwen2.abstract_model(architecture(spec), spec.model_options))
     shardings = qwen2.param_shardings(params, mesh)
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings)
+    if spec.optim.offload != "none":
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        return graphdef, offload.abstract_state(params, tx, spec.model_options.compute_dtype, replicated)
     compiled = jax.jit(tx.init).lower(params).compile()
     opt_shapes = jax.eval_shape(tx.init, params)
     opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), opt_shapes,

@@ -14,6 +14,12 @@ Per step:
   4. scalars to TensorBoard and metrics.jsonl, every trajectory to trajectories/step_XXXXXX.jsonl;
   5. orbax checkpoint on schedule (kevin_jax.checkpoint), held-out evaluation on schedule.
 
+With optim.offload="pinned_host" the float32 master weights and AdamW moments live in host memory and the GPUs hold
+the compute-dtype weights (kevin_jax.rl.offload). Per step the trainer logs each phase's wall time (time/sampling,
+evaluation, update = gradients + optimizer, checkpoint, checkpoint_wait, and checkpoint_save / restore when they
+complete), MFU of the gradient computation and of the whole update, tokens/s, and memory (mem/: peak HBM per GPU,
+host RSS and its high-water mark, the node's used RAM).
+
 All randomness is a function of (seed, step, round), and a checkpoint holds parameters, optimiser state, the step,
 the task sampler's position and the split: a run killed at any point and restarted on the same workdir produces the
 steps an uninterrupted run would have (bit-exact on CPU; on GPUs up to the evaluator's timing noise).
@@ -48,6 +54,7 @@ from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import advantages, rollout_stats, speed_metrics
 from kevin_jax.rl import batch as rl_batch
+from kevin_jax.rl import offload as offload_lib
 from kevin_jax.rl import state as rl_state
 from kevin_jax.rl.task_sampler import TaskSampler
 from kevin_jax.run_config import DebugConfig, RunSpec, as_dict, parse_config
@@ -163,6 +170,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
     built from config.eval (it must be able to run kernels, or be explicitly compile-only).
     Returns the scalars of the last step.
     """
+    t_start = time.perf_counter()
     spec = parse_config(config)
     workdir = Path(workdir).absolute()
     parallel.initialize_distributed(spec.mesh)
@@ -194,32 +202,52 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         total_updates = spec.total_steps * spec.rl.updates_per_batch
         schedule = rl_state.learning_rate_schedule(spec.optim, total_updates)
         tx = rl_state.make_optimizer(spec.optim, total_updates)
-        checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", spec.ckpt)
+        host_offload = rl_state.host_offload(spec.optim, total_updates, spec.model_options.compute_dtype)
+        checkpointer = ckpt_lib.Checkpointer(spec.ckpt.dir or workdir / "checkpoints", spec.ckpt)
         stack.callback(checkpointer.close)
         latest = checkpointer.latest_step()
-        reference, start_values = None, {}
+        reference, start_values, restore_s = None, {}, None
+        # the KL reference (kl_coef > 0): the starting weights; offloaded runs hold it in the compute dtype, like the
+        # policy's own device weights (the forward casts to it anyway)
+        as_reference = ((lambda x: x.astype(spec.model_options.compute_dtype)) if host_offload is not None
+                        else (lambda x: x.copy()))
         if latest is None:
             split = resolve_split(tasks, spec.tasks, write_to=workdir / "split.json" if is_main else None)
             graphdef, params, start_values = starting_params(spec, global_mesh, select(tasks, split, "train"),
                                                              tokenizer)
             if spec.rl.kl_coef > 0:
-                reference = jax.tree.map(lambda x: x.copy(), params)
-            state = rl_state.init_state(params, tx)
+                reference = jax.tree.map(as_reference, params)
+            state = rl_state.init_state(params, tx, host_offload)
             del params
             start_step = 1
             log.info("%sfresh run in %s: %d steps", tag, workdir, spec.total_steps)
         else:
             graphdef, target = abstract_state(spec, global_mesh, tx)
-            state, meta = checkpointer.restore(latest, target)
+            t0 = time.perf_counter()
+            if host_offload is not None:      # the checkpoint holds the master copy, not its device cast
+                state, meta = checkpointer.restore(latest, offload_lib.checkpoint_view(target))
+                state = offload_lib.restore_params(state, spec.model_options.compute_dtype)
+            else:
+                state, meta = checkpointer.restore(latest, target)
+            jax.block_until_ready(state)
+            restore_s = time.perf_counter() - t0
             if meta.get("seed") != spec.seed:
                 raise ValueError(f"{workdir} holds a run with seed {meta.get('seed')} but config.seed={spec.seed}: "
                                  f"resume with the same config, or use a new workdir")
             split = Split.from_dict(meta["split"])
             start_step = latest + 1
             if spec.rl.kl_coef > 0:     # the reference policy is the starting one: rebuilt, deterministically
-                reference = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
-            log.info("%sresuming %s after step %d (%d updates done)", tag, workdir, latest,
-                     int(multihost.to_host(state["updates"])))
+                start = starting_params(spec, global_mesh, select(tasks, split, "train"), tokenizer)[1]
+                reference = jax.tree.map(as_reference, start)
+                del start
+            log.info("%sresuming %s after step %d (%d updates done): checkpoint restored in %.1f s", tag, workdir,
+                     latest, int(multihost.to_host(state["updates"])), restore_s)
+        saved_view = offload_lib.checkpoint_view if host_offload is not None else (lambda s: s)
+        placed = offload_lib.state_bytes(state)
+        log.info("train state: %.1f GB on the devices, %.1f GB in host memory (optim.offload=%s)",
+                 placed.get("device", 0) / 1e9, placed.get(offload_lib.HOST, 0) / 1e9, spec.optim.offload)
+        if spec.ckpt.enabled:     # fail now, not after the first step, if no checkpoint can be written
+            ckpt_lib.check_space(checkpointer.directory, ckpt_lib.checkpoint_bytes(saved_view(state)))
         if is_main:
             (workdir / "config.json").write_text(json.dumps(as_dict(config), indent=1, default=str) + "\n")
         train_tasks = select(tasks, split, "train")
@@ -236,7 +264,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         env_evaluator = _KillingEvaluator(evaluator, kill) if spec.debug.kill_at_phase else evaluator
         runner = EpisodeRunner(env_policy, env_evaluator, tokenizer, spec.env, spec.reward)
         temperature = spec.sampler.temperature
-        updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature)
+        updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature, offload=host_offload,
+                                   grad_dtype=rl_state.GRAD_DTYPES[spec.optim.grad_dtype])
         row_divisor = global_mesh.shape["data"] * global_mesh.shape["fsdp"]
         constant_length = spec.rl.constant_length or spec.longest_response
         max_row_len = -(-spec.sampler.max_seq_len // 256) * 256     # no sample is longer than the context
@@ -253,11 +282,16 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                                  " [compile-only]" if compile_only else "")
         stack.callback(progress.close)
         last: dict[str, float] = {}
+        local_devices = jax.local_devices()
+        first_values = {"time/startup": time.perf_counter() - t_start}
+        if restore_s is not None:
+            first_values["time/restore"] = restore_s
+        last_save_logged = None
 
         for step in range(start_step, spec.total_steps + 1):
             kill.step = step
             t_step = time.perf_counter()
-            values: dict[str, float] = {}
+            values: dict[str, float] = dict(first_values) if step == start_step else {}
 
             # 1-2. rollouts on this step's tasks
             runner.env = dataclasses.replace(spec.env, max_response_tokens=spec.max_response_tokens(step))
@@ -271,6 +305,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                                                          spec.log.thought_prefix).items()})
             # speed of the correct kernels: mean speedup, fast_1, fast_1.5, per turn (rollout/speed/...)
             values.update({f"rollout/{k}": v for k, v in speed_metrics.speed_scalars(trajectories).items()})
+            values.update({k.replace("mem/", "mem/after_sampling/"): v
+                           for k, v in logs.memory_scalars(local_devices).items() if k.startswith("mem/hbm_peak")})
             if values.get("rollout/timing_contended_rate", 0.0) > 0.0:
                 logging.warning("step %d: %.0f%% of the timed kernels ran while the GPU was slower than when their "
                                 "reference was timed (another process on it?): their speedups are under-estimates",
@@ -278,7 +314,12 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             if jax.default_backend() == "gpu":
                 policy.engine.release_memory()          # the KV pool's memory goes to the update
 
-            # 3. updates
+            # 3. updates (after the last checkpoint's background write: it may read the state the update donates)
+            values["time/checkpoint_wait"] = checkpointer.wait()
+            if checkpointer.last_save_s is not None and checkpointer.last_save_s != last_save_logged:
+                values["time/checkpoint_save"] = last_save_logged = checkpointer.last_save_s
+                log.info("the last checkpoint was written in %.1f s (%.1f s waited for it)",
+                         checkpointer.last_save_s, values["time/checkpoint_wait"])
             t0 = time.perf_counter()
             sample_set = rl_batch.make_samples(trajectories, spec.rl, constant_length)
             batches, layout = ([], None)
@@ -289,8 +330,15 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 if reference is not None:
                     for mb in batches:
                         mb["ref_logprobs"] = updater.logprobs(reference, mb)
+            gradients_s = optimizer_s = 0.0
             for u in range(spec.rl.updates_per_batch):
                 state, stats, trainer_logprobs = updater.update(state, batches, first=(u == 0))
+                gradients_s += updater.last_times["gradients"]
+                optimizer_s += updater.last_times["optimizer"]
+                # exact values (repr): a resumed run's redone step can be compared with the killed run's line
+                log.info("%sstep %d update %d: loss %r, grad_norm %r, update_norm %r; gradients %.1fs, optimizer "
+                         "%.1fs", tag, step, u, stats.get("loss"), stats.get("grad_norm"), stats.get("update_norm"),
+                         updater.last_times["gradients"], updater.last_times["optimizer"])
                 if u == 0 and spec.rl.old_logprobs == "trainer":
                     for mb, lp in zip(batches, trainer_logprobs):
                         mb["trainer_old_logprobs"] = lp
@@ -310,8 +358,10 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             values.update({
                 "time/sampling": phase["sampling"], "time/evaluation": phase["evaluation"],
                 "time/episode": phase["episode"], "perf/episode_wall_over_max": phase["wall_over_max"],
-                "time/rollout": rollout_s, "time/update": update_s,
+                "time/rollout": rollout_s, "time/update": update_s, "time/gradients": gradients_s,
+                "time/optimizer": optimizer_s,
                 "perf/mfu_update": logs.mfu(update_flops, update_s, n_dev, peak),
+                "perf/mfu_gradients": logs.mfu(update_flops, gradients_s, n_dev, peak),
                 "perf/mfu_sampling": logs.mfu(sample_flops, phase["sampling"], n_dev, peak),
                 "perf/generated_tokens_per_s": generated / max(phase["sampling"], 1e-9),
                 "perf/update_tokens_per_s": sum(lengths) * spec.rl.updates_per_batch / max(update_s, 1e-9),
@@ -333,21 +383,27 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                                 "rule": "sampling seed = env.episode.round_seed(seed, step, round, group)"},
                         "task_sampler": sampler_tasks.state(step), "split": split.to_dict(),
                         "compile_only": compile_only}
-                checkpointer.save(step, state, meta)
+                checkpointer.save(step, saved_view(state), meta)
                 kill("checkpoint")
             values["time/checkpoint"] = time.perf_counter() - t0
             values["time/step"] = time.perf_counter() - t_step
+            values.update(logs.memory_scalars(local_devices))
             values["perf/mfu_step"] = logs.mfu(update_flops + sample_flops, values["time/step"], n_dev, peak)
             writer.write(step, values)
             last = values
-            log.info("%sstep %d/%d: score %.3f, %s %.2f, %s, sampling %.1fs, evaluation %.1fs, "
-                     "episode %.1fs (%.2f x max), update %.1fs, "
-                     "MFU update %s", tag, step, spec.total_steps, values.get("rollout/score_mean", 0.0),
+            log.info("%sstep %d/%d: score %.3f, %s %.2f, %s, sampling %.1fs (%.0f tokens/s), evaluation %.1fs, "
+                     "episode %.1fs (%.2f x max), update %.1fs (gradients %.1fs, MFU %s; optimizer %.1fs), "
+                     "checkpoint %.1fs, step %.1fs; peak HBM %s, host RSS %.1f GB (peak %.1f)", tag, step,
+                     spec.total_steps, values.get("rollout/score_mean", 0.0),
                      "compiled" if compile_only else "correct",
                      values.get("rollout/compiled_rate" if compile_only else "rollout/correct_rate", 0.0),
                      speed_metrics.log_text(values, "rollout/speed/"),
-                     phase["sampling"], phase["evaluation"], phase["episode"], phase["wall_over_max"], update_s,
-                     f"{values['perf/mfu_update']:.1%}" if np.isfinite(values["perf/mfu_update"]) else "n/a (CPU)")
+                     phase["sampling"], values["perf/generated_tokens_per_s"], phase["evaluation"], phase["episode"],
+                     phase["wall_over_max"], update_s, gradients_s,
+                     f"{values['perf/mfu_gradients']:.1%}" if np.isfinite(values["perf/mfu_gradients"])
+                     else "n/a (CPU)", optimizer_s, values["time/checkpoint"], values["time/step"],
+                     f"{values['mem/hbm_peak_gb']:.1f} GB" if "mem/hbm_peak_gb" in values else "n/a",
+                     values["mem/host_rss_gb"], values["mem/host_rss_peak_gb"])
             progress.update(_headline(values, compile_only))
 
             holdout_due = spec.holdout.every_steps and step % spec.holdout.every_steps == 0
@@ -367,4 +423,6 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                          scalars.get("holdout/score_mean", 0.0), len(holdout_tasks))
                 last.update(scalars)
         checkpointer.wait()
+        if checkpointer.last_save_s is not None and checkpointer.last_save_s != last_save_logged:
+            log.info("last checkpoint written in %.1f s", checkpointer.last_save_s)
     return {prefix + k: v for k, v in last.items()} if last else {}

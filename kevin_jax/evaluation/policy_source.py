@@ -137,18 +137,24 @@ def restore_checkpoint(spec: RunSpec, mesh, checkpoint: str | Path, step: int | 
 
 
 def _restore_params(checkpointer: ckpt_lib.Checkpointer, step: int, target: Any, spec: RunSpec, mesh) -> Any:
-    """Parameters only (orbax partial restore); older orbax without it: the whole train state, then its params."""
+    """Parameters only (orbax partial restore; of a run with its optimiser state offloaded, the float32 master
+    copy, restored onto the devices); older orbax without partial restore: the whole train state, then its
+    params."""
+    key = "master" if "master" in checkpointer.state_keys(step) else "params"
     restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype),
-                                {"params": target})
+                                {key: target})
     try:
-        args = ocp.args.PyTreeRestore(item={"params": target}, restore_args=restore_args, partial_restore=True)
+        args = ocp.args.PyTreeRestore(item={key: target}, restore_args=restore_args, partial_restore=True)
     except TypeError:
+        if key == "master":
+            raise RuntimeError("restoring an offloaded run's weights needs orbax's partial restore "
+                               "(orbax-checkpoint >= 0.12)") from None
         tx = rl_state.make_optimizer(spec.optim, spec.total_steps * spec.rl.updates_per_batch)
         _, full = abstract_state(spec, mesh, tx)
         state, _ = checkpointer.restore(step, full)
         return state["params"]
     restored = checkpointer.manager.restore(step, args=ocp.args.Composite(state=args))
-    return restored["state"]["params"]
+    return restored["state"][key]
 
 
 def starting_policy(spec: RunSpec, mesh, warm_start_tasks, tokenizer) -> LoadedPolicy:

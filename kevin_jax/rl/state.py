@@ -1,14 +1,17 @@
 """Train state, the optax optimiser, and the jitted update: gradient accumulation over micro-batches.
 
 State is a plain dict pytree {"params": nnx.State, "opt_state": optax state, "updates": int32} (orbax saves it as
-is). One optimiser update = sum of the micro-batch gradients (the loss is a weighted sum, kevin_jax.rl.loss), then
-clip by global norm and AdamW. Gradients of a micro-batch are computed under the mesh's activation-sharding rules
-with the batch sharded over the data-parallel axes, so more devices = the same sums computed in parallel. The
-supervised fine-tuning (kevin_jax.sft) runs the same `Updater` with its own loss and optimiser.
+is); with optim.offload="pinned_host" it also holds "master" (float32 weights in host memory, the moments there too,
+"params" the compute-dtype copy on the GPUs: kevin_jax.rl.offload). One optimiser update = sum of the micro-batch
+gradients (the loss is a weighted sum, kevin_jax.rl.loss), then clip by global norm and AdamW. Gradients of a
+micro-batch are computed under the mesh's activation-sharding rules with the batch sharded over the data-parallel
+axes, so more devices = the same sums computed in parallel. The supervised fine-tuning (kevin_jax.sft) runs the same
+`Updater` with its own loss and optimiser.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -20,6 +23,9 @@ from flax import nnx
 from kevin_jax import parallel
 from kevin_jax.multihost import put_global, to_host
 from kevin_jax.rl import loss as rl_loss
+from kevin_jax.rl import offload as offload_lib
+
+GRAD_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass
@@ -32,6 +38,13 @@ class OptimConfig:
     b1, b2, eps: Adam moments.
     weight_decay: decoupled weight decay, applied to matrices only (not norms or biases).
     grad_clip_norm: clip gradients to this global norm (0 = no clipping).
+    offload: where the float32 master weights and AdamW moments live. "none": on the GPUs, next to the weights
+      (which are then the float32 master). "pinned_host": in host RAM (JAX's pinned_host memory), streamed through
+      the GPU one layer at a time by the update; the GPUs keep the weights in the compute dtype (model.dtype).
+      kevin_jax.rl.offload; docs/ARCHITECTURE.md says why this mechanism.
+    grad_dtype: dtype of the gradient sum over micro-batches on the GPUs: "float32", or "bfloat16" (half the
+      memory, for nodes where float32 gradients do not fit: each micro-batch's gradient is added in bf16, relative
+      rounding ~2^-9 per addition; needs offload, whose update reads the sum in float32).
     """
     learning_rate: float = 2e-6
     warmup_fraction: float = 0.03
@@ -40,6 +53,8 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip_norm: float = 0.05
+    offload: str = "none"
+    grad_dtype: str = "float32"
 
     def __post_init__(self):
         if self.learning_rate <= 0:
@@ -48,6 +63,14 @@ class OptimConfig:
             raise ValueError(f"optim.warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if self.weight_decay < 0 or self.grad_clip_norm < 0:
             raise ValueError("optim.weight_decay and optim.grad_clip_norm must be >= 0")
+        if self.offload not in offload_lib.OFFLOAD_MODES:
+            raise ValueError(f"optim.offload must be one of {offload_lib.OFFLOAD_MODES}, got {self.offload!r}")
+        if self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"optim.grad_dtype must be one of {sorted(GRAD_DTYPES)}, got {self.grad_dtype!r}")
+        if self.grad_dtype == "bfloat16" and self.offload == "none":
+            raise ValueError("optim.grad_dtype='bfloat16' needs optim.offload='pinned_host' (its update reads the bf16 "
+                             "gradient sum in float32 one layer at a time; the on-device optax update would clip and "
+                             "apply it in bf16)")
 
 
 def learning_rate_schedule(config: OptimConfig, total_updates: int) -> optax.Schedule:
@@ -58,28 +81,54 @@ def learning_rate_schedule(config: OptimConfig, total_updates: int) -> optax.Sch
                                  optax.constant_schedule(config.learning_rate)], [warmup])
 
 
-def _decay_mask(params):
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+_NO_DECAY = ("bias", "scale")           # biases and norm scales
+
+
+def decay_mask(params):
+    """Weight decay on weight matrices only: not on biases and norm scales. By name, not by rank: the layer
+    parameters are stacked ([num_layers, ...]), so a stacked norm scale is 2-D."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: parallel.path_name(path).split("/")[-1] not in _NO_DECAY and p.ndim >= 2, params)
+
+
+def _adamw(config: OptimConfig, schedule: optax.Schedule, mask) -> optax.GradientTransformation:
+    return optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                       mask=mask)
 
 
 def make_optimizer(config: OptimConfig, total_updates: int) -> optax.GradientTransformation:
     parts = []
     if config.grad_clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-    parts.append(optax.adamw(learning_rate_schedule(config, total_updates), b1=config.b1, b2=config.b2,
-                             eps=config.eps, weight_decay=config.weight_decay, mask=_decay_mask))
+    parts.append(_adamw(config, learning_rate_schedule(config, total_updates), decay_mask))
     return optax.chain(*parts)
 
 
-def init_state(params: nnx.State, tx: optax.GradientTransformation) -> dict[str, Any]:
-    """The train state of freshly initialised/imported parameters (optimiser moments sharded like the params)."""
+def host_offload(config: OptimConfig, total_updates: int, compute_dtype) -> offload_lib.HostOffloadedAdamW | None:
+    """The offloaded form of make_optimizer's update (None where optim.offload="none")."""
+    if config.offload == "none":
+        return None
+    schedule = learning_rate_schedule(config, total_updates)
+    return offload_lib.HostOffloadedAdamW(lambda mask: _adamw(config, schedule, mask), decay_mask,
+                                          config.grad_clip_norm, compute_dtype)
+
+
+def _replicated(params):
     leaf_sharding = jax.tree.leaves(params)[0].sharding
     if isinstance(leaf_sharding, jax.sharding.NamedSharding):
         # Scalars (Adam's count, the update counter) must live on the params' mesh, not on one device: a
         # multi-process jit refuses arguments on different device sets.
-        replicated = jax.sharding.NamedSharding(leaf_sharding.mesh, jax.sharding.PartitionSpec())
-    else:
-        replicated = leaf_sharding
+        return jax.sharding.NamedSharding(leaf_sharding.mesh, jax.sharding.PartitionSpec())
+    return leaf_sharding
+
+
+def init_state(params: nnx.State, tx: optax.GradientTransformation,
+               offload: offload_lib.HostOffloadedAdamW | None = None) -> dict[str, Any]:
+    """The train state of freshly initialised/imported parameters (optimiser moments sharded like the params; with
+    `offload`, the master copy and the moments in host memory: kevin_jax.rl.offload)."""
+    replicated = _replicated(params)
+    if offload is not None:
+        return offload_lib.init_state(params, tx, offload.compute_dtype, replicated)
     # Moments take their param's sharding (optax finds the params-shaped subtrees); counts are replicated.
     opt_shardings = optax.tree_utils.tree_map_params(
         tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, params), jax.tree.map(lambda x: x.sharding, params),
@@ -104,11 +153,18 @@ class Updater:
       from (logits / T), so that ratios compare like with like.
     donate_state: an optimiser step may reuse the buffers of the state it is given; False where the caller still
       needs the parameters it passed in.
+    offload: the offloaded optimiser step (host_offload(...)) for states made by init_state(..., offload); None =
+      the state is on the devices and `tx` updates it.
+    grad_dtype: dtype of the gradient sum over micro-batches (OptimConfig.grad_dtype).
     """
 
     def __init__(self, graphdef, tx: optax.GradientTransformation, schedule: optax.Schedule, config: rl_loss.RLConfig,
-                 mesh, temperature: float = 1.0, loss: Callable | None = None, donate_state: bool = True):
+                 mesh, temperature: float = 1.0, loss: Callable | None = None, donate_state: bool = True,
+                 offload: offload_lib.HostOffloadedAdamW | None = None, grad_dtype=jnp.float32):
         self.graphdef = graphdef
+        self.offload = offload
+        self.grad_dtype = grad_dtype
+        self.last_times: dict[str, float] = {}
         self.tx = tx
         self.schedule = schedule
         self.config = config
@@ -120,6 +176,7 @@ class Updater:
         self._grads = jax.jit(self._grads_impl, static_argnames=("first",), donate_argnums=(1,))
         self._forward = jax.jit(self._forward_impl)
         self._apply = None          # built on first use with the state's shardings
+        self._state_shardings = None
         self._zeros = None
 
     # ------------------------------------------------------------------ pieces
@@ -144,6 +201,10 @@ class Updater:
             return self._logprobs(params, mb, False)
 
     def _apply_impl(self, state, grads, scale):
+        if offload_lib.is_offloaded(state):
+            if self.offload is None:
+                raise ValueError("an offloaded train state (with a host 'master' copy) needs Updater(offload=...)")
+            return self.offload.apply(state, grads, scale, self.schedule, self._state_shardings)
         if scale is not None:
             grads = jax.tree.map(lambda g: g * scale, grads)
         grad_norm = optax.global_norm(grads)
@@ -164,13 +225,13 @@ class Updater:
 
     def zero_grads(self, params):
         if self._zeros is None:
-            self._zeros = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p),
+            self._zeros = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, self.grad_dtype), p),
                                   out_shardings=jax.tree.map(lambda x: x.sharding, params))
         return self._zeros(params)
 
     def accumulate(self, params, batches: Sequence[dict[str, jax.Array]], first: bool = True):
-        """(float32 gradients of the loss summed over the micro-batches, each micro-batch's stats as device arrays:
-        nothing here waits for the device)."""
+        """(gradients of the loss summed over the micro-batches (grad_dtype), each micro-batch's stats as device
+        arrays: nothing here waits for the device)."""
         grads = self.zero_grads(params)
         parts = []
         for mb in batches:
@@ -182,7 +243,7 @@ class Updater:
         """One optimiser step on `grads` (times `scale`, if given): (new state, {grad_norm, learning_rate,
         update_norm} as device scalars)."""
         if self._apply is None:
-            shardings = state_shardings(state)
+            shardings = self._state_shardings = state_shardings(state)
             self._apply = jax.jit(self._apply_impl, donate_argnums=(0,) if self.donate_state else (),
                                   out_shardings=(shardings, None))
         return self._apply(state, grads, None if scale is None else jnp.float32(scale))
@@ -197,8 +258,14 @@ class Updater:
 
     def update(self, state: dict, batches: Sequence[dict[str, jax.Array]], first: bool):
         """One policy-gradient update over all micro-batches. Returns (new state, stats dict of floats, the trainer's
-        log-probs of each micro-batch (device arrays, stop-gradient, under the parameters before the update))."""
+        log-probs of each micro-batch (device arrays, stop-gradient, under the parameters before the update)).
+        `last_times` then holds the wall seconds of its two parts: "gradients" (forward and backward over the
+        micro-batches) and "optimizer" (clip + AdamW, streamed through host memory when offloaded)."""
+        t0 = time.perf_counter()
         grads, out, trainer_logprobs = self.gradients(state["params"], batches, first)
+        jax.block_until_ready(grads)
+        t1 = time.perf_counter()
         state, opt_stats = self.apply(state, grads)
         out.update({k: float(to_host(v)) for k, v in opt_stats.items()})
+        self.last_times = {"gradients": t1 - t0, "optimizer": time.perf_counter() - t1}
         return state, out, trainer_logprobs

@@ -19,8 +19,14 @@ CONFIGS = ("kevin32b", "single_turn", "one_gpu", "tiny_cpu", "warm_start_demo")
 sys.path.insert(0, str(REPO))          # config files import configs.common, as under launch/train.py
 
 
-def _load(name: str, *overrides: str):
-    argv = ["prog", f"--config={REPO / 'configs' / name}.py", *overrides]
+# configs/kevin32b.py (and single_turn.py, built on it) picks its node layout from the visible GPUs; the tests name
+# one (Kevin's 8 x H200) so that they read the same config on any machine.
+CONFIG_ARG = {"kevin32b": ":h200x8", "single_turn": ":h200x8"}
+
+
+def _load(name: str, *overrides: str, arg: str | None = None):
+    arg = CONFIG_ARG.get(name, "") if arg is None else arg
+    argv = ["prog", f"--config={REPO / 'configs' / name}.py{arg}", *overrides]
     fv = flags.FlagValues()
     # sys_argv: config_flags defines the override flags it finds there (sys.argv under launch/train.py)
     config_flags.DEFINE_config_file("config", str(REPO / "configs" / f"{name}.py"), flag_values=fv, sys_argv=argv)
@@ -157,11 +163,50 @@ def test_kevin32b_is_kevins_recipe():
     assert single.env.num_trajectories * single.env.num_turns == 64
 
 
+def test_kevin32b_layouts_fit_the_node():
+    from configs import kevin32b
+
+    # the memory plan (configs/kevin32b.py's docstring): the state in host memory everywhere, the gradient sum in
+    # bf16 on 80 GB cards, rows capped on 4 x H100
+    grads = {"h200x8": "float32", "h100x8": "bfloat16", "h200x4": "float32"}
+    for name, grad_dtype in grads.items():
+        spec = run_config.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B", arg=":" + name))
+        assert (spec.optim.offload, spec.optim.grad_dtype) == ("pinned_host", grad_dtype), name
+        assert spec.max_response_tokens(30) == 22528 and spec.sampler.max_seq_len == 40960, name
+        assert spec.rl.micro_batch_tokens == int(name[-1]) * 16384, name        # one >= 16k row per GPU
+    h100x4 = run_config.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B", arg=":h100x4"))
+    assert (h100x4.optim.offload, h100x4.optim.grad_dtype) == ("pinned_host", "bfloat16")
+    assert h100x4.rl.micro_batch_tokens == 4 * 12288 and h100x4.gpu.jax_memory_fraction == 0.9
+    # rows capped: prompt + response fit the 12k row the update can hold
+    assert h100x4.env.max_prompt_tokens + h100x4.longest_response <= 12288 == h100x4.sampler.max_seq_len
+    with pytest.raises(ValueError, match="unknown layout"):
+        kevin32b.get_config("a100x2")
+
+
+@pytest.mark.parametrize("gpus, layout", [((0, 0), "h200x8"), ((4, 85), "h100x4"), ((8, 85), "h100x8"),
+                                          ((4, 150), "h200x4"), ((8, 150), "h200x8")])
+def test_kevin32b_detects_the_node(monkeypatch, gpus, layout):
+    from configs import kevin32b
+
+    monkeypatch.setattr(kevin32b, "visible_gpus", lambda: gpus)
+    assert kevin32b.detect_layout() == layout
+
+
+@pytest.mark.parametrize("gpus", [(1, 85), (2, 150), (8, 40)])
+def test_kevin32b_refuses_a_node_it_cannot_fit(monkeypatch, gpus):
+    from configs import kevin32b
+
+    monkeypatch.setattr(kevin32b, "visible_gpus", lambda: gpus)
+    with pytest.raises(ValueError, match="no layout for"):
+        kevin32b.detect_layout()
+
+
 def test_config_files_do_not_import_jax():
     code = ("import sys; sys.path.insert(0, %r)\n"
             "import importlib\n"
             "for name in %r:\n"
-            "    importlib.import_module('configs.' + name).get_config()\n"
+            "    module = importlib.import_module('configs.' + name)\n"
+            "    module.get_config('h200x8') if name in ('kevin32b', 'single_turn') else module.get_config()\n"
             "assert 'jax' not in sys.modules, 'a config imported jax'\n") % (str(REPO), CONFIGS)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -1,11 +1,14 @@
 """Exact resume: a run SIGKILLed during sampling, evaluation, the update and the checkpoint write, restarted each
-time on the same workdir, ends with the same parameters, trajectories and losses as an uninterrupted run.
+time on the same workdir, ends with the same parameters, trajectories and losses as an uninterrupted run; with the
+optimiser state in host memory (optim.offload="pinned_host") too, killed where that state is in flight (between the
+two updates of a step, and while it is being written).
 
 Subprocess runs of the tiny config, starting from the warm-started tiny policy (cached HF checkpoint) with the
 ParseOnlyEvaluatorFake (no nvcc: the real evaluator's kill + resume is in test_train_e2e.py).
 """
 import json
 import signal
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,8 +22,9 @@ import trainer_fakes
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-# (phase, step) of each successive kill; the last run finishes.
-KILLS = [("sampling", 1), ("evaluation", 2), ("update", 3), ("checkpoint", 4)]
+# (phase, step) of each successive kill; the last run finishes. Offloaded: the phases where the host state is live.
+KILLS = {"none": [("sampling", 1), ("evaluation", 2), ("update", 3), ("checkpoint", 4)],
+         "pinned_host": [("update", 2), ("checkpoint", 3)]}
 
 
 def _overrides(warm_dir, **more):
@@ -40,15 +44,22 @@ def _trajectories(workdir):
 def _final_state(workdir):
     ck = ckpt_lib.Checkpointer(workdir / "checkpoints", ckpt_lib.CheckpointConfig(async_save=False))
     step = ck.latest_step()
-    import orbax.checkpoint as ocp
-    restored = ck.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                                meta=ocp.args.JsonRestore()))
+    state, meta = ck.restore_numpy(step)
     ck.close()
-    return step, restored
+    return step, {"state": state, "meta": meta}
+
+
+def _starting_weight(warm_dir: Path, name: str) -> np.ndarray:
+    from safetensors.numpy import load_file
+
+    tensors = {}
+    for path in sorted(Path(warm_dir).glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors[name]
 
 
 def _deterministic(metrics):
-    return {k: v for k, v in metrics.items() if not k.split("/", 1)[-1].startswith(("time/", "perf/"))}
+    return {k: v for k, v in metrics.items() if not k.split("/", 1)[-1].startswith(("time/", "perf/", "mem/"))}
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +67,23 @@ def warm_dir():
     return trainer_fakes.warm_tiny_checkpoint()
 
 
-def test_killed_at_every_phase_resumes_to_the_same_run(tmp_path, warm_dir):
+@pytest.mark.parametrize("offload", ["none", "pinned_host"])
+def test_killed_at_every_phase_resumes_to_the_same_run(tmp_path, warm_dir, offload):
     reference = tmp_path / "reference"
-    done = trainer_fakes.run_driver(reference, _overrides(warm_dir))
+    done = trainer_fakes.run_driver(reference, _overrides(warm_dir, **{"optim.offload": offload}))
     assert done.returncode == 0, done.stdout[-4000:]
 
     interrupted = tmp_path / "interrupted"
-    for phase, step in KILLS:
+    for phase, step in KILLS[offload]:
         run = trainer_fakes.run_driver(interrupted, _overrides(warm_dir, **{"debug.kill_at_phase": phase,
-                                                                            "debug.kill_at_step": step}))
+                                                                            "debug.kill_at_step": step,
+                                                                            "optim.offload": offload}))
         assert run.returncode == -signal.SIGKILL, f"expected a SIGKILL during {phase} of step {step}:\n" + \
             run.stdout[-4000:]
         assert f"SIGKILL during {phase} of step {step}" in run.stdout
-    final = trainer_fakes.run_driver(interrupted, _overrides(warm_dir))
+    final = trainer_fakes.run_driver(interrupted, _overrides(warm_dir, **{"optim.offload": offload}))
     assert final.returncode == 0, final.stdout[-4000:]
-    assert "resuming" in final.stdout
+    assert "resuming" in final.stdout and "checkpoint restored in" in final.stdout
 
     # The same trajectories (tokens, log-probs, verdicts, scores, advantages) at every step ...
     assert _trajectories(reference) == _trajectories(interrupted)
@@ -89,5 +102,13 @@ def test_killed_at_every_phase_resumes_to_the_same_run(tmp_path, warm_dir):
     for (path, a), b in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
     assert ref_state["meta"]["task_sampler"] == int_state["meta"]["task_sampler"]
-    # the run learned something: the parameters moved away from the starting policy
     assert int(np.asarray(int_state["state"]["updates"])) == 2 * STEPS
+    # the run learned something: the parameters moved away from the starting policy (the offloaded checkpoint holds
+    # the float32 master copy, no device copy)
+    weights = int_state["state"]["master" if offload == "pinned_host" else "params"]
+    assert ("params" in int_state["state"]) == (offload == "none")
+    for ours, theirs in (("lm_head", "lm_head.weight"), ("embed_tokens", "model.embed_tokens.weight")):
+        leaf = jax.tree.leaves(weights[ours])[0]
+        start = _starting_weight(warm_dir, theirs)
+        assert leaf.shape == start.shape and leaf.dtype == np.float32
+        assert np.abs(leaf - start).max() > 1e-6, f"{ours} did not move"

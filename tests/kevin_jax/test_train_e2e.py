@@ -26,7 +26,8 @@ EXPECTED = [f"rollout/turn{t}/{m}" for t in (0, 1) for m in ("correct_rate", "co
     "update0/loss", "update0/entropy", "update0/kl_ref", "update0/approx_kl_old", "update0/ratio_clip_fraction",
     "update0/grad_norm", "update0/learning_rate", "update0/logprob_mismatch_abs", "update1/ratio_clip_fraction",
     "time/sampling", "time/evaluation", "time/update", "time/step", "perf/generated_tokens_per_s",
-    "time/episode", "perf/episode_wall_over_max"]
+    "time/episode", "perf/episode_wall_over_max", "time/gradients", "time/optimizer", "time/checkpoint",
+    "time/checkpoint_wait", "mem/host_rss_gb", "mem/host_rss_peak_gb", "mem/node_used_gb"]
 
 
 def _launch(workdir, *flags):
@@ -60,6 +61,9 @@ def test_tiny_config_trains_is_killed_resumes_and_logs(tmp_path):
         assert tag in scalars, f"{tag} missing; have {sorted(scalars)[:80]}"
         assert sorted(step for step, _ in scalars[tag]) == [1, 2, 3], tag      # step 2 once: restart purged
     assert not any(tag.startswith(("rollout/", "update0/")) for tag in scalars)   # every tag says compile_only
+    # once per process: its start-up, and the resumed one's restore (killed in step 2: restored after step 1)
+    assert [step for step, _ in scalars["compile_only/time/startup"]] == [1, 2]
+    assert [step for step, _ in scalars["compile_only/time/restore"]] == [2]
 
     metrics = logs.read_metrics(workdir)
     assert sorted(metrics) == [1, 2, 3]
