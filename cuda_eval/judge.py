@@ -49,6 +49,8 @@ ESTIMATE_REPS = 3
 WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
 WALL_FIXED_S = 0.1            # ... plus this (process scheduling, the messages)
 CONTROL_MESSAGE_BYTES = 1 << 20
+OUTPUT_SLACK_BYTES = 1 << 16  # the output buffer's room beyond the reference's outputs (a few small extra leaves)
+DEVICE_CONTEXTS_BYTES = 2 << 30  # device memory of the CUDA contexts beside the judge's (worker, spares): an estimate
 REFERENCE_PROFILES_KEPT = 256  # reference profiles kept per judge (a task's reference is profiled once per judge)
 _REFERENCE_PROFILES: dict[str, dict] = {}
 _DEVICE_FACTS: dict = {}       # copy bandwidth and occupancy limits, measured at the first profile
@@ -66,9 +68,20 @@ class WorkerLost(Exception):
         self.kind, self.message = kind, message
 
 
+class TaskTooLarge(Exception):
+    """The machine cannot hold what judging this task takes (`resource`: "host memory" or "device memory"): a
+    task-level verdict, like a reference that runs out of memory, never the candidate's fault or ours."""
+
+    def __init__(self, resource: str, message: str, needed: int | None = None, available: int | None = None):
+        super().__init__(message)
+        self.resource, self.message, self.needed, self.available = resource, message, needed, available
+
+
 class Job:
-    def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float):
+    def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float,
+                 ctl: socket.socket | None = None):
         self.payload = payload
+        self.ctl = ctl             # our socket to the pool: it makes the job's output buffer
         self.kind = payload.get("kind", "evaluate")
         self.cfg = payload["config"]
         self.dyn = self.cfg.get("dynamic", {})
@@ -89,6 +102,7 @@ class Job:
         self.ref_timing_key: str | None = None
         self.lost: dict | None = None
         self.shared: wire.SharedBuffer | None = None
+        self.job_sent = False
         self.phase_name, self.trial = "start", None
         self._phase_started = _monotonic()
 
@@ -149,11 +163,24 @@ class Job:
     # the job
     def run(self) -> dict:
         try:
-            self._run()
-        except CandidateError as e:
-            self.correct = False
-            self.runtime_error = str(e)
-            self._finish_quietly()
+            try:
+                self._run()
+            except CandidateError as e:
+                too_large = self._card_too_small(str(e))
+                if too_large is not None:
+                    raise too_large
+                self.correct = False
+                self.runtime_error = str(e)
+                self._finish_quietly()
+        except TaskTooLarge as e:
+            self.correct = None
+            self.runtime_error = f"the task is too large for this machine ({e.resource}; a task-level verdict, not " \
+                                 f"the candidate's fault): {e.message}"
+            self.meta["reference_error"] = True      # the marker of every task-level verdict
+            self.meta["task_too_large"] = {"resource": e.resource, "needed_bytes": e.needed,
+                                           "available_bytes": e.available}
+            if self.job_sent:
+                self._finish_quietly()
         except ReferenceError_ as e:
             self.correct = None
             self.runtime_error = f"the reference program failed (task error, not the candidate's): {e}"
@@ -168,6 +195,23 @@ class Job:
             else:  # it answered something malformed or out of turn: its own doing
                 self.runtime_error = f"the candidate's process broke the evaluation protocol: {e.message[:500]}"
         return self.verdict()
+
+    def _card_too_small(self, message: str) -> TaskTooLarge | None:
+        """A candidate that ran out of device memory where even the least a candidate holds (the task's inputs, its
+        output and the model's weights) does not fit beside what the judge holds for the reference: the card's
+        limit, not the candidate's doing."""
+        if self.device.type != "cuda" or "out of memory" not in message.lower() or \
+                not hasattr(self, "output_bytes"):
+            return None
+        total = torch.cuda.get_device_properties(self.device.torch_device).total_memory
+        held = torch.cuda.memory_reserved()
+        least = self.input_bytes + self.output_bytes + self.param_bytes
+        if held + least + DEVICE_CONTEXTS_BYTES <= total:
+            return None
+        return TaskTooLarge("device memory", f"the candidate ran out of device memory, and a candidate needs at least "
+                            f"{least / 2**30:.2f} GiB (inputs, output, weights) beside the {held / 2**30:.2f} GiB "
+                            f"the reference's side holds, on a card of {total / 2**30:.2f} GiB",
+                            held + least + DEVICE_CONTEXTS_BYTES, total)
 
     def _finish_quietly(self) -> None:
         """After a verdict is reached early: collect the worker's last checks if it still answers, else drop it."""
@@ -195,26 +239,31 @@ class Job:
         warm_inputs = self.inputs(self.seed - 1)
         guard = map_tree(warm_inputs, lambda t: t.clone())
         warm_out = self.reference(warm_inputs, self.seed)
+        # What the first call tells, taken before the next calls so that no more than two inputs and outputs are
+        # alive at once (a 6-8 GB output is held a few times over here, on a card the candidate needs next).
+        ref_mutates = not bitwise_equal(warm_inputs, guard)
+        ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
+        self.output_bytes = tree_nbytes(warm_out)
+        self.output_sizes = output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
+        self.input_bytes = tree_nbytes(guard)
+        self.param_bytes = sum(t.numel() * t.element_size() for t in
+                               list(self.ref_model.parameters()) + list(self.ref_model.buffers()))
+        self.input_dtypes = dtype_signature(warm_inputs)
+        self.meta.update(input_dtypes=self.input_dtypes, output=compare.structure(warm_out))
+        del warm_out, warm_inputs
         try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
             self.ref_ops = dynamic_checks.reference_compute_ops(
-                lambda: self.ref_model(*map_tree(warm_inputs, lambda t: t.clone())))
+                lambda: self.ref_model(*map_tree(guard, lambda t: t.clone())))
         except Exception as e:
             self.ref_ops = []
             self.meta["reference_trace_error"] = format_exception(e, "tracing the reference")
+        self.meta["reference_ops"] = self.ref_ops
         self.device.sync()
         # A reference that draws random numbers (active dropout) cannot be re-checked on the timed calls' outputs.
         again = self.reference(map_tree(guard, lambda t: t.clone()), self.seed + 1)
         self.rng_dependent = not bitwise_equal(self.reference(map_tree(guard, lambda t: t.clone()), self.seed),
                                                again)
-        del again
-        ref_mutates = not bitwise_equal(warm_inputs, guard)
-        ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
-        self.output_bytes = tree_nbytes(warm_out)
-        output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
-        self.input_dtypes = dtype_signature(warm_inputs)
-        self.meta.update(reference_ops=self.ref_ops, input_dtypes=self.input_dtypes,
-                         output=compare.structure(warm_out))
-        del warm_out, warm_inputs, guard
+        del again, guard
 
         # Before any candidate code exists: the reference's time cannot be disturbed by it.
         self.phase("reference_timing")
@@ -226,8 +275,10 @@ class Job:
             return
 
         self.phase("import_candidate")
-        # The worker's outputs come back through shared memory of a size fixed here (wire.SharedBuffer).
-        self.shared = wire.SharedBuffer(self.max_output_bytes())
+        if self.device.type == "cuda":  # what the reference's calls cached goes back to the card, for the candidate
+            torch.cuda.empty_cache()
+        # The worker's outputs come back through shared memory sized here, made by the pool (wire.SharedBuffer).
+        self.shared = self.output_buffer()
         if self.device.type == "cuda":
             self.meta["outputs_pinned"] = self.shared.pin()
         job = {"op": "job", "task_source": self.payload["task_source"], "code": self.payload["code"],
@@ -239,6 +290,7 @@ class Job:
             channel.send_fd(self.sock, job, self.shared.fd)
         except OSError as e:
             raise WorkerLost("eof", f"the peer is gone ({type(e).__name__}: {e})")
+        self.job_sent = True
         self.recv("loaded")
         self.phase("correctness")
         self.run_trials(1 if self.kind == "retime" else int(self.cfg.get("num_trials", 5)))
@@ -298,7 +350,30 @@ class Job:
             raise WorkerLost("protocol", f"the worker sent a malformed output: {type(e).__name__}: {e}"[:500])
 
     def max_output_bytes(self) -> int:
+        """What the judge accepts from the worker per output message (a wrong-sized output is still compared)."""
         return 2 * self.output_bytes + (1 << 16)
+
+    def output_buffer(self) -> wire.SharedBuffer:
+        """The job's output buffer: room for the reference's outputs, laid out as wire.pack lays them out (a larger
+        output goes through the socket, up to max_output_bytes). The pool makes it (channel.output_memfd), where no
+        limit meant for the candidate applies, and refuses it when the host cannot hold it together with our host
+        copies of two trials' outputs: TaskTooLarge."""
+        size = wire.layout_bytes(self.output_sizes) + OUTPUT_SLACK_BYTES
+        copies = 2 * (max(0, size - wire.DEVICE_SNAPSHOT_MAX) if self.device.type == "cuda" else size)
+        self.meta["output_buffer_bytes"] = size
+        if self.ctl is None:
+            return wire.SharedBuffer(size)
+        try:
+            channel.send(self.ctl, {"op": "output_buffer", "bytes": size, "host_bytes": copies})
+            header, fd = channel.recv_fd(self.ctl)
+        except (ChannelError, OSError) as e:   # the pool is gone: this job's verdict cannot be delivered anyway
+            raise RuntimeError(f"no output buffer from the pool ({e})")
+        if header.get("ok") and fd is not None:
+            return wire.SharedBuffer(fd=fd)
+        if fd is not None:
+            os.close(fd)
+        raise TaskTooLarge("host memory", str(header.get("error", "refused"))[:500],
+                           header.get("needed_bytes"), header.get("available_bytes"))
 
     # correctness
     def run_trials(self, n_trials: int) -> None:
@@ -326,7 +401,8 @@ class Job:
                 self.correct = False
                 self._explain_mismatch(t, out_c, prev_c, prev_r, earlier)
                 return
-            prev_c, prev_r = out_c, out_r
+            # A large reference output is not kept whole on the card for the stale-output check: a sample will do.
+            prev_c, prev_r = out_c, (out_r if self.output_bytes <= wire.DEVICE_SNAPSHOT_MAX else _sampled(out_r))
             earlier.append(_output_sample(out_c))
 
     def _explain_mismatch(self, t: int, out_c, prev_c, prev_r, earlier: list) -> None:
@@ -341,7 +417,9 @@ class Job:
         elif sample is not None and sample in earlier:
             self.flag("cached_output", f"trial {t}: fresh inputs gave trial {earlier.index(sample)}'s output "
                       f"(equal at {SAMPLE_POSITIONS} sampled positions per output tensor)")
-        elif prev_r is not None and compare_outputs(out_c, prev_r, atol=self.atol, rtol=self.rtol)["passed"]:
+        elif prev_r is not None and compare_outputs(
+                out_c if self.output_bytes <= wire.DEVICE_SNAPSHOT_MAX else _sampled(out_c), prev_r,
+                atol=self.atol, rtol=self.rtol)["passed"]:
             self.flag("stale_output", f"trial {t}: output equals the previous trial's reference output")
 
     # timing
@@ -637,6 +715,27 @@ def _output_sample(out: Any) -> tuple | None:
     return tuple(parts) if parts else None
 
 
+def _sampled(out: Any) -> Any:
+    """`out` with every tensor replaced by its elements at SAMPLE_POSITIONS evenly spaced flat positions (gathered
+    by index: no copy of a whole non-contiguous tensor), on the tensor's device; other leaves kept."""
+    def sample(t: torch.Tensor) -> torch.Tensor:
+        n = t.numel()
+        if n == 0 or t.dim() == 0:
+            return t.detach().reshape(-1).clone()
+        flat = torch.arange(0, n, max(1, n // SAMPLE_POSITIONS), device=t.device)[:SAMPLE_POSITIONS]
+        return t.detach()[torch.unravel_index(flat, t.shape)]
+
+    def walk(x: Any) -> Any:
+        if type(x) in (tuple, list):
+            return type(x)(walk(i) for i in x)
+        if isinstance(x, wire.Received):
+            return wire.Received(sample(x.tensor), x.device)
+        if isinstance(x, torch.Tensor):
+            return sample(x)
+        return x
+    return walk(out)
+
+
 def _same_bytes(a: Any, b: Any) -> bool:
     la, lb = compare.flatten(a), compare.flatten(b)
     if len(la) != len(lb):
@@ -676,7 +775,7 @@ def _serve(ctl: socket.socket, device: Device) -> None:
         started = _monotonic()
         job = None
         try:
-            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)))
+            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)), ctl)
             result = job.run()
         except BaseException:  # a bug of ours: reported as such, never as the candidate's failure
             result = job.verdict("internal_error", traceback.format_exc()[-MAX_ERROR_CHARS:]) if job else \

@@ -32,21 +32,25 @@ DEVICE_SNAPSHOT_MAX = 1 << 30  # outputs up to this size are snapshotted straigh
                                # (it holds two trials' outputs and references at once: bounded)
 
 
+def layout_bytes(sizes: list[int]) -> int:
+    """Bytes `pack` needs in a shared buffer for tensors of these byte sizes (each starts ALIGN-aligned)."""
+    return sum(-(-int(n) // ALIGN) * ALIGN for n in sizes)
+
+
 class SharedBuffer:
-    """A memfd of a fixed size mapped here: the judge creates it (sealed: the worker can neither shrink nor grow it,
-    so no access of the judge's mapping can fault) and hands it to the worker, which writes its outputs into it
-    instead of sending them through the socket (one copy from the device, no socket copies). The judge copies what
-    it reads out at once: the worker can rewrite the buffer at any time. On a GPU both sides page-lock their mapping
-    (`pin`), so the worker's device-to-host copy and the judge's host-to-device snapshot are DMA transfers, with no
-    staging through pageable memory and no host memcpy in between."""
+    """A memfd of a fixed size mapped here (channel.output_memfd: sealed, so neither side can shrink or grow it and
+    no access of a mapping can fault). The pool makes it at the judge's request, sized from the reference's output,
+    and the judge hands it to the worker, which writes its outputs into it instead of sending them through the
+    socket (one copy from the device, no socket copies). The judge copies what it reads out at once: the worker can
+    rewrite the buffer at any time. On a GPU both sides page-lock their mapping (`pin`), so the worker's
+    device-to-host copy and the judge's host-to-device snapshot are DMA transfers, with no staging through pageable
+    memory and no host memcpy in between. `SharedBuffer(size)` makes its own memfd (tests)."""
 
     def __init__(self, size: int | None = None, fd: int | None = None):
         import mmap
-        import fcntl
+        from cuda_eval.channel import output_memfd
         if fd is None:
-            fd = os.memfd_create("cuda_eval-outputs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            os.ftruncate(fd, max(int(size), 1))
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            fd = output_memfd(size)
         self.fd = fd
         self.size = os.fstat(fd).st_size
         self.map = mmap.mmap(fd, self.size)
