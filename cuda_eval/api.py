@@ -561,6 +561,8 @@ class Evaluator:
         info = outcome.worker_info or {}
         r.meta.update(gpu_name=info.get("gpu_name"), torch_version=info.get("torch_version"), device=outcome.device,
                       timer=info.get("timer"), run_started_at=outcome.started_at)
+        if getattr(outcome, "peak_rss_bytes", None):
+            r.meta["worker_peak_rss_bytes"] = outcome.peak_rss_bytes
         w = outcome.result
         if outcome.start_failed:
             self._internal_error(state, "the worker process failed to start:\n"

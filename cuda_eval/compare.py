@@ -208,7 +208,10 @@ def poison_fraction(t: torch.Tensor) -> float:
     if t.dtype not in _float_dtypes or t.numel() == 0:
         return 0.0
     raw = _bytes(t).view(-1, t.element_size())
-    return float((raw == POISON_BYTE).all(dim=1).to(torch.float32).mean().item())
+    poisoned = 0
+    for start in range(0, raw.shape[0], CHUNK_ELEMENTS):  # chunks: no temporaries the size of a multi-GB output
+        poisoned += int((raw[start:start + CHUNK_ELEMENTS] == POISON_BYTE).all(dim=1).sum().item())
+    return poisoned / raw.shape[0]
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

@@ -93,6 +93,7 @@ class WorkerOutcome:
     stdout_tail: str = ""
     worker_info: dict | None = None
     judge_failed: bool = False              # the judge died or did not answer (it is restarted)
+    peak_rss_bytes: int | None = None       # the worker's peak resident memory (its output buffer pages included)
     lost_message: str = ""                  # why the judge lost the worker (eof, timeout)
 
 
@@ -646,7 +647,7 @@ def _text(data) -> str:
 
 def _outcome(worker: _Worker, device: str, res: dict) -> WorkerOutcome:
     return WorkerOutcome(result=None, device=device, exit_code=res.get("exit_code"), signal=res.get("signal"),
-                         timed_out=bool(res.get("timed_out")),
+                         timed_out=bool(res.get("timed_out")), peak_rss_bytes=res.get("peak_rss_bytes"),
                          stderr_tail=(worker.ready_error + "\n" if worker.ready_error else "")
                          + _text(res.get("stderr"))[-8000:],
                          stdout_tail=_text(res.get("stdout"))[-2000:], worker_info=worker.info)

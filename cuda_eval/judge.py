@@ -51,6 +51,7 @@ WALL_FIXED_S = 0.1            # ... plus this (process scheduling, the messages)
 CONTROL_MESSAGE_BYTES = 1 << 20
 OUTPUT_SLACK_BYTES = 1 << 16  # the output buffer's room beyond the reference's outputs (a few small extra leaves)
 DEVICE_CONTEXTS_BYTES = 2 << 30  # device memory of the CUDA contexts beside the judge's (worker, spares): an estimate
+DEVICE_FREE_MARGIN = 4 << 30     # a large output is snapshotted on the card only if this much stays free after it
 REFERENCE_PROFILES_KEPT = 256  # reference profiles kept per judge (a task's reference is profiled once per judge)
 _REFERENCE_PROFILES: dict[str, dict] = {}
 _DEVICE_FACTS: dict = {}       # copy bandwidth and occupancy limits, measured at the first profile
@@ -118,6 +119,9 @@ class Job:
 
     def verdict(self, status: str = "ok", internal_error: str | None = None) -> dict:
         self.phase("done")
+        self.meta["judge_peak_rss_bytes"] = _peak_rss_bytes()
+        if self.device.type == "cuda":
+            self.meta["judge_peak_device_bytes"] = int(torch.cuda.max_memory_reserved())
         meta = dict(self.meta)
         meta.update(self.device.info)
         return {"status": status, "internal_error": internal_error, "correct": self.correct,
@@ -172,6 +176,12 @@ class Job:
                 self.correct = False
                 self.runtime_error = str(e)
                 self._finish_quietly()
+            except (torch.OutOfMemoryError, MemoryError) as e:
+                # Our own copies and comparisons (the reference's failures are ReferenceError_): what the task
+                # takes beside the candidate did not fit this machine.
+                where = "device" if isinstance(e, torch.OutOfMemoryError) else "host"
+                raise TaskTooLarge(f"{where} memory", f"the judge ran out of {where} memory in phase "
+                                   f"{self.phase_name}: {str(e)[:300]}")
         except TaskTooLarge as e:
             self.correct = None
             self.runtime_error = f"the task is too large for this machine ({e.resource}; a task-level verdict, not " \
@@ -222,6 +232,7 @@ class Job:
             pass
 
     def _run(self) -> None:
+        _reset_peak_rss()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         self.phase("load_task")
@@ -245,6 +256,9 @@ class Job:
         ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
         self.output_sizes = output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
+        # Over 1 GiB, the judge keeps one trial's output at a time (samples of the earlier ones): on the card, the
+        # candidate's process needs the room; on the host, a few such copies would be tens of GB.
+        self.large_output = self.output_bytes > wire.DEVICE_SNAPSHOT_MAX
         self.input_bytes = tree_nbytes(guard)
         self.param_bytes = sum(t.numel() * t.element_size() for t in
                                list(self.ref_model.parameters()) + list(self.ref_model.buffers()))
@@ -343,9 +357,20 @@ class Job:
         return out
 
     def receive_output(self, reply: dict, blobs: list) -> Any:
+        budget = None
+        if self.device.type == "cuda" and self.large_output:  # one DMA transfer to the card, when it has room
+            budget = max(wire.DEVICE_SNAPSHOT_MAX, torch.cuda.mem_get_info()[0] - DEVICE_FREE_MARGIN)
         try:
-            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
-                               device=self.device.torch_device if self.device.type == "cuda" else None)
+            try:
+                return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
+                                   device=self.device.torch_device if self.device.type == "cuda" else None,
+                                   device_budget=budget)
+            except torch.OutOfMemoryError:  # the card filled up meanwhile: the host copy instead
+                torch.cuda.empty_cache()
+                return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
+                                   device=None)
+        except MemoryError:
+            raise  # the host's limit, not the worker's doing (run() gives the task-level verdict)
         except Exception as e:  # whatever the worker sent: its verdict, never our internal error
             raise WorkerLost("protocol", f"the worker sent a malformed output: {type(e).__name__}: {e}"[:500])
 
@@ -359,7 +384,8 @@ class Job:
         limit meant for the candidate applies, and refuses it when the host cannot hold it together with our host
         copies of two trials' outputs: TaskTooLarge."""
         size = wire.layout_bytes(self.output_sizes) + OUTPUT_SLACK_BYTES
-        copies = 2 * (max(0, size - wire.DEVICE_SNAPSHOT_MAX) if self.device.type == "cuda" else size)
+        # our host copies of the candidate's outputs at once (on a GPU they go to the card when it has room)
+        copies = size if self.large_output else (0 if self.device.type == "cuda" else 2 * size)
         self.meta["output_buffer_bytes"] = size
         if self.ctl is None:
             return wire.SharedBuffer(size)
@@ -401,9 +427,12 @@ class Job:
                 self.correct = False
                 self._explain_mismatch(t, out_c, prev_c, prev_r, earlier)
                 return
-            # A large reference output is not kept whole on the card for the stale-output check: a sample will do.
-            prev_c, prev_r = out_c, (out_r if self.output_bytes <= wire.DEVICE_SNAPSHOT_MAX else _sampled(out_r))
             earlier.append(_output_sample(out_c))
+            if self.large_output:  # samples only: `earlier` then finds a repeated output, prev_r a stale one
+                prev_c, prev_r = None, _sampled(out_r)
+                out_c = out_r = None  # gone before the next trial's reference runs
+            else:
+                prev_c, prev_r = out_c, out_r
 
     def _explain_mismatch(self, t: int, out_c, prev_c, prev_r, earlier: list) -> None:
         """A wrong output that is really a hack: stale memory, or an earlier call's result."""
@@ -418,7 +447,7 @@ class Job:
             self.flag("cached_output", f"trial {t}: fresh inputs gave trial {earlier.index(sample)}'s output "
                       f"(equal at {SAMPLE_POSITIONS} sampled positions per output tensor)")
         elif prev_r is not None and compare_outputs(
-                out_c if self.output_bytes <= wire.DEVICE_SNAPSHOT_MAX else _sampled(out_c), prev_r,
+                _sampled(out_c) if self.large_output else out_c, prev_r,
                 atol=self.atol, rtol=self.rtol)["passed"]:
             self.flag("stale_output", f"trial {t}: output equals the previous trial's reference output")
 
@@ -679,6 +708,27 @@ class Job:
                                             device_type=self.device.type, config=self.timing_config)
         except Exception as e:  # torch.compile failing on a task is information, not a verdict
             return {"error": format_exception(e, "torch.compile(reference)")}
+
+
+def _reset_peak_rss() -> None:
+    """The judge lives for many jobs: its peak RSS is made per job (Linux: clear_refs 5 resets VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_bytes() -> int | None:
+    """VmHWM (shared memory mapped and touched counts too: the output buffer)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _plain(value: Any, depth: int = 0) -> Any:

@@ -29,7 +29,8 @@ class WireError(ValueError):
 ALIGN = 64
 PIN_MIN_BYTES = 4 << 20        # smaller buffers copy fast enough unpinned; pinning costs a syscall per page
 DEVICE_SNAPSHOT_MAX = 1 << 30  # outputs up to this size are snapshotted straight into the judge's device memory
-                               # (it holds two trials' outputs and references at once: bounded)
+                               # (it holds two trials' outputs and references at once: bounded); a larger output
+                               # too when the judge finds the room for it (unpack's device_budget)
 
 
 def layout_bytes(sizes: list[int]) -> int:
@@ -122,11 +123,12 @@ def pack(obj: Any, shared: SharedBuffer | None = None) -> tuple[dict, list[memor
 
 
 def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | None = None,
-           device: torch.device | None = None) -> Any:
+           device: torch.device | None = None, device_budget: int | None = None) -> Any:
     """The output described by `tree` with host tensors over `blobs` and copies of regions of `shared`. Leaves that
     were neither tensors nor JSON scalars come back as `Opaque(type_name)` (they compare unequal to anything).
     With `device` and a pinned `shared`, a region's copy (the snapshot the judge keeps) is made straight into device
-    memory, up to DEVICE_SNAPSHOT_MAX bytes in all; the rest is copied to the host."""
+    memory, up to `device_budget` bytes in all (default DEVICE_SNAPSHOT_MAX); the rest is copied to the host."""
+    budget = DEVICE_SNAPSHOT_MAX if device_budget is None else device_budget
     total = [sum(len(b) for b in blobs)]
     on_device = [0]
     if total[0] > max_bytes:
@@ -144,7 +146,7 @@ def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | Non
         if not n:
             return torch.empty(shape, dtype=dtype)
         region = torch.frombuffer(shared.map, dtype=torch.uint8, count=n, offset=start)
-        if device is not None and shared.pinned and on_device[0] + n <= DEVICE_SNAPSHOT_MAX:
+        if device is not None and shared.pinned and on_device[0] + n <= budget:
             on_device[0] += n
             copy = region.to(device)      # one DMA transfer from the page-locked buffer
         else:
