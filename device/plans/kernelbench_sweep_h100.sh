@@ -6,5 +6,5 @@
 # still be held, or copy the .jsonl back first). KB_ROOT: the KernelBench folder (default ../shared/kernelbench).
 # First call: `source device/setup.sh && export KEVIN_SKIP_BUILD=1 && bash device/background.sh plan <this file>`;
 # keep a `bash device/background.sh wait 560` in flight until "all done".
-timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/cuda_eval/test_large_outputs_gpu.py tests/cuda_eval/test_target_gpu.py
+timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider tests/cuda_eval/test_large_outputs_gpu.py tests/cuda_eval/test_target_gpu.py
 mkdir -p /tmp/kb_sweep && timeout 590 python3 benchmarks/kernelbench_sweep.py --root ${KB_ROOT:-../shared/kernelbench} --quick --order largest-first --budget-s 480 --out /tmp/kb_sweep/kb_sweep.json; cp /tmp/kb_sweep/* $OUT/
