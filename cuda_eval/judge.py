@@ -382,7 +382,7 @@ class Job:
         """The job's output buffer: room for the reference's outputs, laid out as wire.pack lays them out (a larger
         output goes through the socket, up to max_output_bytes). The pool makes it (channel.output_memfd), where no
         limit meant for the candidate applies, and refuses it when the host cannot hold it together with our host
-        copies of two trials' outputs: TaskTooLarge."""
+        copies of the outputs (one at a time when large, two trials' when small): TaskTooLarge."""
         size = wire.layout_bytes(self.output_sizes) + OUTPUT_SLACK_BYTES
         # our host copies of the candidate's outputs at once (on a GPU they go to the card when it has room)
         copies = size if self.large_output else (0 if self.device.type == "cuda" else 2 * size)
