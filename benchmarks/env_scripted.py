@@ -81,7 +81,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="env_scripted.json", help="JSON results (the trajectories go next to it)")
     parser.add_argument("--devices", default="all", help="GPUs for the evaluator")
-    parser.add_argument("--gpu-name", default="NVIDIA H100", help="the GPU named in the prompt")
+    parser.add_argument("--gpu-name", default="auto", help="the GPU named in the prompt (auto: the evaluator's)")
     parser.add_argument("--tasks", default="", help="comma-separated task ids (default: all built-in tasks)")
     parser.add_argument("--cache-dir", default="/var/tmp/cuda_eval_cache",
                         help="the evaluator's build cache (must be readable by the sandbox uids)")

@@ -30,7 +30,7 @@ def defaults() -> ConfigDict:
     c.tasks = ConfigDict(dict(kernelbench_dir="", parquet="", levels=(1, 2), split_file="", holdout_fraction=0.1,
                               split_seed=0))
     c.env = ConfigDict(dict(num_turns=4, num_trajectories=16, max_prompt_tokens=8192, max_response_tokens=16384,
-                            early_stop="never", gpu_name="NVIDIA H100", one_shot=True, max_summary_chars=2000,
+                            early_stop="never", gpu_name="auto", one_shot=True, max_summary_chars=2000,
                             feedback="kevin",   # "profile": a correct kernel's feedback adds its profile
                             # groups of tasks pipelined: one group evaluated while another samples (env/scheduler.py);
                             # overlap=False: the sequential runner, the same trajectories

@@ -215,6 +215,98 @@ def visible_gpu_count() -> int:
     return n
 
 
+# The card named where no GPU is visible (compile_only): the one of the arch the build targets then.
+DEFAULT_GPU_NAME = "NVIDIA H100"                 # toolchain.DEFAULT_ARCH, sm_90
+ARCH_CARDS = {"sm_80": "NVIDIA A100", "sm_86": "NVIDIA A10", "sm_89": "NVIDIA L40S", "sm_90": "NVIDIA H100",
+              "sm_90a": "NVIDIA H100", "sm_100": "NVIDIA B200", "sm_100a": "NVIDIA B200", "sm_103": "NVIDIA B300",
+              "sm_120": "NVIDIA RTX PRO 6000 Blackwell"}
+
+
+def arch_of_capability(capability: str) -> str:
+    """A compute capability ("9.0", "12.0", as nvidia-smi and torch report it) -> the nvcc arch ("sm_90", "sm_120")."""
+    from cuda_eval.toolchain import normalize_arch
+    major, _, minor = str(capability).strip().partition(".")
+    if not (major.isdigit() and (minor or "0").isdigit()):
+        raise ValueError(f"bad compute capability {capability!r} (expected e.g. '9.0')")
+    return normalize_arch(f"sm_{int(major)}{int(minor or 0)}")
+
+
+def card_of_arch(arch: str) -> str:
+    """The card named for an arch when no GPU is there to ask (compile_only with eval.arch set)."""
+    from cuda_eval.toolchain import normalize_arch
+    arch = normalize_arch(arch)
+    if arch in ARCH_CARDS:
+        return ARCH_CARDS[arch]
+    digits = arch[3:].rstrip("abf")
+    return f"NVIDIA GPU of compute capability {digits[:-1]}.{digits[-1]}"
+
+
+def gpu_facts(devices: Any) -> list[dict]:
+    """[{index, name, capability}] of the GPUs `devices` names (EvalConfig.devices: indices among the visible ones),
+    read with nvidia-smi: no CUDA context, no torch. Empty without a GPU or nvidia-smi."""
+    n = visible_gpu_count()
+    smi = shutil.which("nvidia-smi")
+    if not n or not smi:
+        return []
+    from cuda_eval.gpu_pool import _physical_device
+    facts = []
+    for index in resolve_devices(devices, n):
+        try:
+            out = subprocess.run([smi, "-i", _physical_device(str(index)), "--query-gpu=name,compute_cap",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+            name, capability = (x.strip() for x in out.stdout.strip().splitlines()[0].rsplit(",", 1))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            continue
+        facts.append({"index": index, "name": name, "capability": capability})
+    return facts
+
+
+def target_arch(config: EvalConfig) -> str:
+    """The arch the candidates are built for: EvalConfig.arch, or ("auto") the compute capability of the GPUs the
+    evaluator runs on (all must have the same: one build serves them all), else toolchain.DEFAULT_ARCH (no GPU)."""
+    from cuda_eval.toolchain import DEFAULT_ARCH, normalize_arch
+    if config.arch != "auto":
+        return normalize_arch(config.arch)
+    if config.device_type != "cuda":
+        return DEFAULT_ARCH
+    archs = {arch_of_capability(f["capability"]) for f in gpu_facts(config.devices)}
+    if len(archs) > 1:
+        raise ValueError(f"EvalConfig.devices={config.devices!r} are GPUs of different architectures "
+                         f"({', '.join(sorted(archs))}): one evaluator builds for one; run one per kind of GPU, or "
+                         "set EvalConfig.arch to the lowest")
+    return archs.pop() if archs else DEFAULT_ARCH
+
+
+def target_gpu_name(config: EvalConfig) -> str:
+    """The GPU the kernels will run on, as CUDA names it ("NVIDIA H100 80GB HBM3"): the first of the evaluator's
+    devices; with none visible (compile_only), the card of EvalConfig.arch, or of the default arch."""
+    if config.device_type == "cuda":
+        facts = gpu_facts(config.devices)
+        if facts:
+            return facts[0]["name"]
+    return card_of_arch(config.arch) if config.arch != "auto" else DEFAULT_GPU_NAME
+
+
+def check_nvcc_arch(arch: str, nvcc: str | None = None) -> None:
+    """RuntimeError when the installed nvcc cannot build for `arch` (every candidate would fail to compile): said
+    once, at start-up, instead. Skipped where nvcc or its --list-gpu-code is missing."""
+    nvcc = nvcc or shutil.which("nvcc")
+    if not nvcc:
+        return
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return
+    known = set(out.stdout.split())
+    if out.returncode != 0 or not known:
+        return
+    base = arch.rstrip("af") if arch[-1:] in ("a", "f") and arch[-2:-1].isdigit() else arch
+    if base not in known:
+        raise RuntimeError(f"{nvcc} cannot build for {arch}, the GPU's architecture (it knows "
+                           f"{' '.join(sorted(known))}): install a CUDA toolkit that supports it, or set "
+                           "EvalConfig.arch")
+
+
 def resolve_devices(devices: Any, available: int) -> list[int]:
     if devices == "all" or devices is None:
         return list(range(available))
@@ -318,6 +410,9 @@ class Evaluator:
             policy_name = "kevin" if config.device_type == "cuda" else "cpu"
         self.static_policy = checks.StaticPolicy.named(policy_name)
         self._own_compile_pool = compile_pool is None
+        if compile_pool is None:   # the card's own arch, read once (a passed-in pool has its own)
+            self.arch = target_arch(config)
+            check_nvcc_arch(self.arch)
         self.compile_pool = compile_pool if compile_pool is not None else self._make_compile_pool()
         self._own_gpu_pool = gpu_pool is None and self.mode == "full"
         self.gpu_pool = gpu_pool
@@ -336,7 +431,7 @@ class Evaluator:
     def _make_compile_pool(self):
         from cuda_eval import compile_pool as cp
         cfg = self.config
-        wanted = {"workers": cfg.compile_workers or _usable_cpus(), "arch": cfg.arch,
+        wanted = {"workers": cfg.compile_workers or _usable_cpus(), "arch": self.arch,
                   "cache_dir": cfg.cache_dir, "cache_max_bytes": cfg.cache_max_bytes,
                   "record_timeout_s": cfg.record_timeout_s, "compile_timeout_s": cfg.compile_timeout_s,
                   "max_log_chars": cfg.max_log_chars}
@@ -377,6 +472,16 @@ class Evaluator:
                 first[key] = (future, request.request_id)
             futures.append(future)
         return futures
+
+    @property
+    def gpu_name(self) -> str:
+        """The GPU the kernels run on, as its judge's CUDA names it (what a prompt should name); where nothing runs
+        on a GPU (compile_only), target_gpu_name's answer."""
+        if self.gpu_pool is not None and self.config.device_type == "cuda":
+            name = (self.gpu_pool.device_info(timeout_s=0) or {}).get("gpu_name")   # never waits for a judge
+            if name:
+                return str(name)
+        return target_gpu_name(self.config)
 
     def device_share(self, gpu: int):
         """A context manager for work of the caller's own on GPU `gpu` (an index of this evaluator's devices), held
@@ -573,6 +678,8 @@ class Evaluator:
         info = outcome.worker_info or {}
         r.meta.update(gpu_name=info.get("gpu_name"), torch_version=info.get("torch_version"), device=outcome.device,
                       timer=info.get("timer"), run_started_at=outcome.started_at)
+        if getattr(outcome, "peak_rss_bytes", None):
+            r.meta["worker_peak_rss_bytes"] = outcome.peak_rss_bytes
         w = outcome.result
         if outcome.start_failed:
             self._internal_error(state, "the worker process failed to start:\n"

@@ -177,7 +177,9 @@ def bitwise_equal(a: Any, b: Any) -> bool:
             continue
         if x.shape != y.shape or x.dtype != y.dtype:
             return False
-        if x.numel() and not torch.equal(_bytes(x), _bytes(y)):
+        bx, by = _bytes(x), _bytes(y)
+        step = CHUNK_ELEMENTS * 4      # in chunks: torch.equal's temporary is the size of what it compares
+        if any(not torch.equal(bx[i:i + step], by[i:i + step]) for i in range(0, bx.numel(), step)):
             return False
     return True
 
@@ -208,7 +210,10 @@ def poison_fraction(t: torch.Tensor) -> float:
     if t.dtype not in _float_dtypes or t.numel() == 0:
         return 0.0
     raw = _bytes(t).view(-1, t.element_size())
-    return float((raw == POISON_BYTE).all(dim=1).to(torch.float32).mean().item())
+    poisoned = 0
+    for start in range(0, raw.shape[0], CHUNK_ELEMENTS):  # chunks: no temporaries the size of a multi-GB output
+        poisoned += int((raw[start:start + CHUNK_ELEMENTS] == POISON_BYTE).all(dim=1).sum().item())
+    return poisoned / raw.shape[0]
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

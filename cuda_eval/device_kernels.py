@@ -38,6 +38,8 @@ _cuda_synchronize = torch.cuda.synchronize
 WORDS_PER_LANE = 16
 BLOCK = 256
 MAX_VALUES = 1024             # tree levels until at most this many 64-bit values go to the host
+CHUNK_LANES = 1 << 20         # lanes per chunk of the torch-op digest of a large tensor (64 MiB of words) ...
+CHUNK_BYTES = 4 * WORDS_PER_LANE * CHUNK_LANES   # ... used for tensors over this size
 _G = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
 _MASK64 = (1 << 64) - 1
@@ -174,6 +176,40 @@ def _values_torch(words: torch.Tensor, key: int) -> torch.Tensor:
     return values
 
 
+def _values_torch_chunked(t: torch.Tensor, key: int, device: torch.device,
+                          chunk_lanes: int | None = None) -> tuple[torch.Tensor, int]:
+    """(the values of `_values_torch`, on `device`; n words) computed CHUNK_LANES lanes at a time, each chunk's words
+    copied to `device` as it is needed: the same values (a lane reads only its own words, and a chunk is a whole
+    number of tree blocks) with bounded temporaries. For outputs of many GB (the torch ops widen every word to 64
+    bits, ~4x the output) and for a host copy digested on the GPU (no second copy of the whole output there)."""
+    chunk = chunk_lanes or CHUNK_LANES
+    assert chunk % BLOCK == 0
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    n_bytes = raw.numel()
+    n = -(-n_bytes // 4)
+    lanes = lanes_for(n)
+    key = _signed(key)
+    parts = []
+    for a in range(0, lanes, chunk):
+        b = min(lanes, a + chunk)
+        rows = torch.zeros(WORDS_PER_LANE, 4 * (b - a), dtype=torch.uint8, device=device)  # words past n: 0
+        for r in range(WORDS_PER_LANE):
+            lo, hi = 4 * (r * lanes + a), min(4 * (r * lanes + b), n_bytes)
+            if hi > lo:
+                rows[r, :hi - lo].copy_(raw[lo:hi])
+        w = rows.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        del rows
+        j = torch.arange(a + 1, b + 1, dtype=torch.int64, device=device)
+        h = _mix(j * _SG ^ key)
+        for r in range(WORDS_PER_LANE):
+            h = _mix(h ^ w[r] ^ (r << 40)) + h
+        parts.append(_fold_blocks(h))
+    values = torch.cat(parts)
+    while values.numel() > MAX_VALUES:
+        values = _fold_blocks(values)
+    return values, n
+
+
 def finish(values: bytes, n_words: int, key: int) -> bytes:
     """The host step of the spec: blake2b-128 over (key, n, the values as little-endian uint64)."""
     return hashlib.blake2b(struct.pack("<QQ", key & _MASK64, n_words) + values, digest_size=16).digest()
@@ -228,8 +264,19 @@ class Kernels:
         _cuda_synchronize()
 
     # --- digest ---
-    def _values(self, t: torch.Tensor, key: int) -> tuple[torch.Tensor, int]:
-        """(the values the host step hashes, still on the tensor's device; n words)."""
+    def _values(self, t: torch.Tensor, key: int, device: torch.device | None = None) -> tuple[torch.Tensor, int]:
+        """(the values the host step hashes, still on `device` (default: the tensor's); n words). A large tensor
+        goes in chunks where no digest kernel reads it in place: on another device than `device` (a host copy
+        digested on the GPU), under the torch ops, or not made of aligned words (_values_torch_chunked)."""
+        device = t.device if device is None else torch.device(device)
+        elsewhere = t.device.type != device.type or None not in (t.device.index, device.index) and \
+            t.device.index != device.index
+        n_bytes = t.numel() * t.element_size()
+        if n_bytes > CHUNK_BYTES and (elsewhere or self._lanes is None or device.type != "cuda" or n_bytes % 4 or
+                                      t.data_ptr() % 4):   # (the kernel reads whole aligned words: else a copy)
+            return _values_torch_chunked(t, key, device)
+        if elsewhere:
+            t = t.to(device)
         words = _words(t)
         n = words.numel()
         if self._lanes is None or t.device.type != "cuda":
@@ -269,10 +316,8 @@ class Kernels:
                     return
                 t = x.tensor if type(x) is Received else x
                 if isinstance(t, torch.Tensor):
-                    if device is not None and t.device != device:
-                        t = t.to(device)
                     parts.append(f"T{str(t.dtype).replace('torch.', '')}{list(t.shape)}".encode())
-                    values, n = self._values(t, key)
+                    values, n = self._values(t, key, device)
                     parts.append((len(pending), n))
                     pending.append(values)
                 elif x is None or type(x) in (bool, int, float, str):

@@ -555,11 +555,31 @@ class ThreadWatch:
 
 
 # --- freed-memory poisoning -------------------------------------------------------------------------------------
+POISON_COVERED_MIN_BYTES = 1 << 30   # a recent size this large is not allocated anew where a free block holds it
+
+
+def poison_sizes(inactive: Iterable[int], recent_sizes: Iterable[int]) -> list[int]:
+    """The blocks poison_free_memory allocates and fills: every inactive block, and a block of each recent size,
+    except a large recent size that an inactive block at least as large already covers (the allocator hands out
+    that poisoned block; allocating the size anew would grow the process's device memory by a multi-GB output for
+    as long as it lives, on a card the largest tasks fill)."""
+    inactive = sorted((int(s) for s in inactive), reverse=True)
+    spare = sorted(s for s in inactive if s >= POISON_COVERED_MIN_BYTES)
+    extra = []
+    for size in sorted((int(s) for s in recent_sizes), reverse=True):
+        fit = next((i for i, s in enumerate(spare) if s >= size), None) if size >= POISON_COVERED_MIN_BYTES else None
+        if fit is None:
+            extra.append(size)
+        else:
+            spare.pop(fit)   # best fit: the smallest free block that holds it
+    return sorted(inactive + extra, reverse=True)
+
+
 def poison_free_memory(device_type: str, recent_sizes: Iterable[int] = ()) -> int:
     """Fill memory the allocator will hand out next with POISON_BYTE. CUDA: every inactive block of the caching
     allocator (from its snapshot), and a block of each of `recent_sizes` (allocated if need be, so that an output
-    of that size that is never written is poison even when the allocator had nothing cached). CPU: blocks of the
-    sizes just freed (glibc reuses them first). Returns bytes."""
+    of that size that is never written is poison even when the allocator had nothing cached; see poison_sizes).
+    CPU: blocks of the sizes just freed (glibc reuses them first). Returns bytes."""
     held, total = [], 0
     if device_type == "cuda":
         sizes = []
@@ -567,7 +587,7 @@ def poison_free_memory(device_type: str, recent_sizes: Iterable[int] = ()) -> in
             for block in segment.get("blocks", []):
                 if block.get("state") == "inactive":
                     sizes.append(int(block["size"]))
-        for size in sorted(sizes + [int(s) for s in recent_sizes], reverse=True):
+        for size in poison_sizes(sizes, recent_sizes):
             try:
                 t = torch.empty(size, dtype=torch.uint8, device="cuda")
             except torch.OutOfMemoryError:

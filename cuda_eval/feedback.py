@@ -55,6 +55,9 @@ def render(result: Any, max_chars: int = 3000, mode: str = "kevin") -> str:
                      "extra_include_paths) or use only allowed ones.", max_chars)
     if r.compiled is False:
         return _trim("Your kernel failed to compile:\n" + (r.compile_log or "(no compiler output)"), max_chars)
+    if r.meta.get("task_too_large"):
+        return _trim("This task could not be judged on this machine (too large for it; not a problem of your kernel):"
+                     f"\n{r.runtime_error}", max_chars)
     if r.meta.get("reference_error"):
         return _trim("The evaluation could not run the reference program (a problem of the task, not of your "
                      f"kernel):\n{r.runtime_error}", max_chars)

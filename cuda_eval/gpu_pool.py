@@ -42,6 +42,9 @@ from cuda_eval.channel import ChannelError
 log = logging.getLogger(__name__)
 JUDGE_MARGIN_S = 60.0      # the judge's own work (reference, comparisons) on top of the job's timeout
 JUDGE_MAX_JOBS = 500       # a fresh judge after this many jobs (task modules and caches pile up in one process)
+HOST_MEMORY_RESERVE = 2 << 30     # host memory an output buffer must leave free (the processes' own needs)
+UNCHECKED_OUTPUT_BYTES = 256 << 20  # smaller output needs are granted without reading the host's free memory
+JUDGE_OWN_MEMORY = 6 << 30        # host memory of a judge process beside a job's outputs (torch, CUDA, CUPTI, task)
 
 
 @dataclasses.dataclass
@@ -60,7 +63,14 @@ class PoolConfig:
     address_space_bytes: int | None = None  # None on GPUs: CUDA reserves huge virtual ranges
     data_bytes: int | None = 32 << 30       # RLIMIT_DATA: host memory a process may write; CUDA's reservations
                                             # are not writable mappings, so it does not count them
-    file_size_bytes: int = 4 << 30
+    file_size_bytes: int = 4 << 30          # RLIMIT_FSIZE of the processes (never bounds a job's output buffer:
+                                            # the pool makes that one, see output_memory_bytes)
+    disk_bytes: int | None = 8 << 30        # disk quota of each process's sandbox session (the output buffer is
+                                            # not counted)
+    # Host memory one job's outputs may take: the shared output buffer plus the judge's host copies of the
+    # candidate's outputs. None: whatever the host (or its cgroup) has available. A task over it gets the task-level
+    # verdict meta.task_too_large, never an internal error.
+    output_memory_bytes: int | None = None
     extra_env: dict = dataclasses.field(default_factory=dict)
     # A GPU's timing lock is machine-wide, named by the physical GPU: two evaluators on one GPU (two trainers, or a
     # trainer and launch/eval.py) must not time at the same time either. CPU-mode slots are virtual: per pool.
@@ -85,6 +95,7 @@ class WorkerOutcome:
     stdout_tail: str = ""
     worker_info: dict | None = None
     judge_failed: bool = False              # the judge died or did not answer (it is restarted)
+    peak_rss_bytes: int | None = None       # the worker's peak resident memory (its output buffer pages included)
     lost_message: str = ""                  # why the judge lost the worker (eof, timeout)
 
 
@@ -123,7 +134,8 @@ def default_limits(config: PoolConfig, timeout_s: float):
     return sandbox.SandboxLimits(address_space_bytes=config.address_space_bytes, cpu_seconds=config.cpu_seconds,
                                  open_files=config.open_files, file_size_bytes=config.file_size_bytes,
                                  processes=config.processes, wall_timeout_s=timeout_s,
-                                 output_cap_bytes=config.output_cap_bytes, data_bytes=config.data_bytes)
+                                 output_cap_bytes=config.output_cap_bytes, data_bytes=config.data_bytes,
+                                 disk_bytes=config.disk_bytes)
 
 
 class GpuPool:
@@ -149,6 +161,8 @@ class GpuPool:
         self._counter = itertools.count()
         self._info: dict | None = None
         self._info_ready = threading.Event()
+        self._memory = threading.Condition()        # host memory granted to the jobs' output buffers
+        self._granted: dict[int, int] = {}
         self._closed = False
         self._threads = []
         for device in config.devices:
@@ -376,15 +390,25 @@ class GpuPool:
                                  stderr_tail=f"the judge is gone ({e})", queue_s=queue_s)
         worker.sock.close()  # the judge holds its own copy now
         self._refill(device, spares)
-        verdict, judge_error = None, ""
+        verdict, judge_error, grant = None, "", None
+        deadline = time.monotonic() + timeout_s + JUDGE_MARGIN_S
         try:
-            header, _ = channel.recv(judge.sock, max_header=256 << 20,
-                                     deadline=time.monotonic() + timeout_s + JUDGE_MARGIN_S)
-            verdict = header.get("result") if header.get("op") == "verdict" else None
-            if verdict is None:
-                judge_error = f"the judge answered {str(header)[:300]}"
-        except ChannelError as e:
+            while True:
+                header, _ = channel.recv(judge.sock, max_header=256 << 20, deadline=deadline)
+                if header.get("op") == "output_buffer":   # the judge knows the output's size: it asks us for it
+                    if grant is not None:
+                        grant.release()
+                    grant = self._grant_output_buffer(judge.sock, header, deadline)
+                    continue
+                verdict = header.get("result") if header.get("op") == "verdict" else None
+                if verdict is None:
+                    judge_error = f"the judge answered {str(header)[:300]}"
+                break
+        except (ChannelError, OSError) as e:
             judge_error = f"the judge did not answer ({e})"
+        finally:
+            if grant is not None:
+                grant.release()
         worker.process.kill()
         res = worker.process.wait(10.0)
         outcome = _outcome(worker, device, res)
@@ -407,6 +431,148 @@ class GpuPool:
         else:
             outcome.result = verdict
         return outcome
+
+    # --- output buffers -----------------------------------------------------------------------------------------
+    def _grant_output_buffer(self, sock: socket.socket, request: dict, deadline: float) -> "_OutputGrant | None":
+        """Answers a judge's {"op": "output_buffer", "bytes", "host_bytes"}: a sealed memfd of `bytes` (channel.
+        output_memfd, made here where no candidate's limit applies, left out of the sandboxes' disk quotas), or
+        {"ok": False, "error", ...} when the host cannot hold the job's outputs (the judge then gives the task-level
+        verdict task_too_large). A request beyond what other jobs' buffers leave waits for them, up to `deadline`."""
+        size, host = request.get("bytes"), request.get("host_bytes", 0)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (size, host)):
+            channel.send(sock, {"op": "output_buffer", "ok": False, "error": f"malformed request {request!r:.200}"})
+            return None
+        need = size + host
+        try:
+            token = self._reserve_host_memory(need, deadline)
+        except MemoryError as e:
+            channel.send(sock, {"op": "output_buffer", "ok": False, "error": str(e), "needed_bytes": need,
+                                "available_bytes": getattr(e, "available", None)})
+            return None
+        try:
+            fd = channel.output_memfd(size)
+        except OSError as e:
+            self._release_host_memory(token)
+            channel.send(sock, {"op": "output_buffer", "ok": False, "needed_bytes": need,
+                                "error": f"an output buffer of {size} bytes could not be made ({e})"})
+            return None
+        from cuda_eval import sandbox
+        grant = _OutputGrant(self, token, fd, sandbox.exempt_from_disk_quota(fd))
+        try:
+            channel.send_fd(sock, {"op": "output_buffer", "ok": True, "bytes": size}, fd)
+        except OSError:
+            grant.release()
+            raise
+        return grant
+
+    def _reserve_host_memory(self, need: int, deadline: float) -> int:
+        """A token for `need` bytes of host memory (MemoryError with the reason when the host cannot hold them)."""
+        cap = self.config.output_memory_bytes
+        if cap is not None and need > cap:
+            raise _too_large(f"the job's outputs need {_gib(need)} of host memory, over the evaluator's limit of "
+                             f"{_gib(cap)} (output_memory_bytes)", cap)
+        # The judge's memory cgroup is charged for the buffer's pages (on a GPU it pins them, the first to touch
+        # them) and for its host copies: both within its limit (data_bytes), beside what the process itself takes.
+        limit = self.config.data_bytes
+        if limit is not None and need > UNCHECKED_OUTPUT_BYTES and need > limit - JUDGE_OWN_MEMORY:
+            raise _too_large(f"the job's outputs need {_gib(need)} of host memory in the judge's process, whose limit "
+                             f"is {_gib(limit)} (data_bytes; {_gib(JUDGE_OWN_MEMORY)} of it for the process itself)",
+                             max(0, limit - JUDGE_OWN_MEMORY))
+        with self._memory:
+            token = next(self._counter)
+            while need > UNCHECKED_OUTPUT_BYTES:
+                others = sum(self._granted.values())
+                free = host_memory_available() - HOST_MEMORY_RESERVE
+                if need <= free - others:
+                    break
+                if not others:
+                    raise _too_large(f"the job's outputs need {_gib(need)} of host memory for the output channel "
+                                     f"and the judge's copies; this machine has {_gib(max(0, free))} available",
+                                     max(0, free))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _too_large(f"the job's outputs need {_gib(need)} of host memory; other jobs held "
+                                     f"{_gib(others)} of {_gib(max(0, free))} until the job's time ran out",
+                                     max(0, free - others))
+                self._memory.wait(min(left, 1.0))
+            self._granted[token] = need
+            return token
+
+    def _release_host_memory(self, token: int) -> None:
+        with self._memory:
+            self._granted.pop(token, None)
+            self._memory.notify_all()
+
+
+@dataclasses.dataclass
+class _OutputGrant:
+    pool: GpuPool
+    token: int
+    fd: int
+    quota_key: tuple
+
+    def release(self) -> None:
+        """Our descriptor closed (the memory goes when the judge and the worker have closed theirs too)."""
+        if self.fd < 0:
+            return
+        from cuda_eval import sandbox
+        sandbox.end_disk_quota_exemption(self.quota_key)
+        os.close(self.fd)
+        self.fd = -1
+        self.pool._release_host_memory(self.token)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _too_large(message: str, available: int | None) -> MemoryError:
+    e = MemoryError(message)
+    e.available = available
+    return e
+
+
+def host_memory_available() -> int:
+    """Bytes of memory this process's jobs can still take: MemAvailable, bounded by our cgroup's limit (a container's
+    memory.max counts the output buffers' shared memory too)."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            avail = min(avail, max(0, int(limit) - usage + _cgroup_inactive_file(os.path.dirname(limit_file))))
+        break
+    return avail
+
+
+def _cgroup_inactive_file(directory: str) -> int:
+    """Page cache of the cgroup that the kernel drops before it fails an allocation (counted in its usage)."""
+    try:
+        with open(os.path.join(directory, "memory.stat")) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name in ("inactive_file", "total_inactive_file"):
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 class RunDirInUse(RuntimeError):
@@ -524,7 +690,7 @@ def _text(data) -> str:
 
 def _outcome(worker: _Worker, device: str, res: dict) -> WorkerOutcome:
     return WorkerOutcome(result=None, device=device, exit_code=res.get("exit_code"), signal=res.get("signal"),
-                         timed_out=bool(res.get("timed_out")),
+                         timed_out=bool(res.get("timed_out")), peak_rss_bytes=res.get("peak_rss_bytes"),
                          stderr_tail=(worker.ready_error + "\n" if worker.ready_error else "")
                          + _text(res.get("stderr"))[-8000:],
                          stdout_tail=_text(res.get("stdout"))[-2000:], worker_info=worker.info)

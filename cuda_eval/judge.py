@@ -72,6 +72,9 @@ DIGEST_MIN_BYTES = 256        # outputs this small may repeat by chance on fresh
 WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
 WALL_FIXED_S = 0.1            # ... plus this (process scheduling, the messages)
 CONTROL_MESSAGE_BYTES = 1 << 20
+OUTPUT_SLACK_BYTES = 1 << 16  # the output buffer's room beyond the reference's outputs (a few small extra leaves)
+DEVICE_CONTEXTS_BYTES = 2 << 30  # device memory of the CUDA contexts beside the judge's (worker, spares): an estimate
+DEVICE_FREE_MARGIN = 4 << 30     # a large output is snapshotted on the card only if this much stays free after it
 REFERENCE_PROFILES_KEPT = 256  # reference profiles kept per judge (a task's reference is profiled once per judge)
 _REFERENCE_PROFILES: dict[str, dict] = {}
 _REFERENCE_KERNELS: dict[str, list] = {}   # the kernels a task's reference launches, traced once per task and judge
@@ -91,11 +94,21 @@ class WorkerLost(Exception):
         self.kind, self.message = kind, message
 
 
+class TaskTooLarge(Exception):
+    """The machine cannot hold what judging this task takes (`resource`: "host memory" or "device memory"): a
+    task-level verdict, like a reference that runs out of memory, never the candidate's fault or ours."""
+
+    def __init__(self, resource: str, message: str, needed: int | None = None, available: int | None = None):
+        super().__init__(message)
+        self.resource, self.message, self.needed, self.available = resource, message, needed, available
+
+
 class Job:
     def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float,
-                 worker_pid: int | None = None):
+                 worker_pid: int | None = None, ctl: socket.socket | None = None):
         self.payload = payload
         self.worker_pid = worker_pid if isinstance(worker_pid, int) and worker_pid > 0 else None
+        self.ctl = ctl             # our socket to the pool: it makes the job's output buffer
         self.kind = payload.get("kind", "evaluate")
         self.cfg = payload["config"]
         self.dyn = self.cfg.get("dynamic", {})
@@ -122,6 +135,7 @@ class Job:
         self.groups: list[dict] = []      # every group the worker ran, in order (the kernel trace has one window each)
         self.digests: list[str] = []      # every committed output digest
         self.revealed: list[dict] = []
+        self.job_sent = False
         self.phase_name, self.trial = "start", None
         self._phase_started = _monotonic()
 
@@ -137,6 +151,9 @@ class Job:
 
     def verdict(self, status: str = "ok", internal_error: str | None = None) -> dict:
         self.phase("done")
+        self.meta["judge_peak_rss_bytes"] = _peak_rss_bytes()
+        if self.device.type == "cuda":
+            self.meta["judge_peak_device_bytes"] = int(torch.cuda.max_memory_reserved())
         meta = dict(self.meta)
         meta.update(self.device.info)
         return {"status": status, "internal_error": internal_error, "correct": self.correct,
@@ -182,16 +199,38 @@ class Job:
     # the job
     def run(self) -> dict:
         try:
-            self._run()
-        except CandidateError as e:
-            self.correct = False
-            self.runtime_error = str(e)
-            self._finish_quietly()
+            try:
+                self._run()
+            except CandidateError as e:
+                too_large = self._card_too_small(str(e))
+                if too_large is not None:
+                    raise too_large
+                self.correct = False
+                self.runtime_error = str(e)
+                self._finish_quietly()
+            except (torch.OutOfMemoryError, MemoryError) as e:
+                # Our own copies and comparisons (the reference's failures are ReferenceError_): what the task
+                # takes beside the candidate did not fit this machine.
+                where = "device" if isinstance(e, torch.OutOfMemoryError) else "host"
+                raise TaskTooLarge(f"{where} memory", f"the judge ran out of {where} memory in phase "
+                                   f"{self.phase_name}: {str(e)[:300]}")
+        except TaskTooLarge as e:
+            self.correct = None
+            self.runtime_error = f"the task is too large for this machine ({e.resource}; a task-level verdict, not " \
+                                 f"the candidate's fault): {e.message}"
+            self.meta["reference_error"] = True      # the marker of every task-level verdict
+            self.meta["task_too_large"] = {"resource": e.resource, "needed_bytes": e.needed,
+                                           "available_bytes": e.available}
+            if self.job_sent:
+                self._finish_quietly()
         except ReferenceError_ as e:
             self.correct = None
             self.runtime_error = f"the reference program failed (task error, not the candidate's): {e}"
             self.meta["reference_error"] = True
             self.meta["reference_oom"] = any(s in str(e).lower() for s in ("out of memory", "can't allocate memory"))
+            if self.meta["reference_oom"]:   # the machine's limit: marked like every task too large for it
+                self.meta["task_too_large"] = {"resource": "device memory" if "cuda" in str(e).lower()
+                                               else "host memory", "needed_bytes": None, "available_bytes": None}
             self._finish_quietly()
         except WorkerLost as e:
             self.correct = False
@@ -202,6 +241,30 @@ class Job:
                 self.runtime_error = f"the candidate's process broke the evaluation protocol: {e.message[:500]}"
         return self.verdict()
 
+    def _card_too_small(self, message: str) -> TaskTooLarge | None:
+        """A candidate that ran out of device memory where even the least a candidate's worker holds
+        (`worker_least_bytes`) does not fit beside what the judge holds for the reference: the card's limit, not the
+        candidate's doing."""
+        if self.device.type != "cuda" or "out of memory" not in message.lower() or \
+                not hasattr(self, "output_bytes"):
+            return None
+        total = torch.cuda.get_device_properties(self.device.torch_device).total_memory
+        held = torch.cuda.memory_reserved()
+        least = self.worker_least_bytes()
+        if held + least + DEVICE_CONTEXTS_BYTES <= total:
+            return None
+        return TaskTooLarge("device memory", f"the candidate ran out of device memory, and a candidate's process "
+                            f"holds at least {least / 2**30:.2f} GiB (a call's inputs and output, the previous "
+                            f"call's output, the weights) beside the {held / 2**30:.2f} GiB the reference's side "
+                            f"holds, on a card of {total / 2**30:.2f} GiB", held + least + DEVICE_CONTEXTS_BYTES, total)
+
+    def worker_least_bytes(self) -> int:
+        """Device memory the candidate's worker holds at the least while a call runs, whatever the candidate does:
+        the call's inputs and output, the previous call's output (kept alive so that its memory is never handed to
+        the next call) and the weights. (A group of several calls holds more, but only where a call's inputs and
+        output are small: _group_size.)"""
+        return self.input_bytes + 2 * self.output_bytes + self.param_bytes
+
     def _finish_quietly(self) -> None:
         """After a verdict is reached early: collect the worker's last checks if it still answers, else drop it."""
         self.deadline = min(self.deadline, _monotonic() + 10.0)
@@ -211,6 +274,7 @@ class Job:
             pass
 
     def _run(self) -> None:
+        _reset_peak_rss()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         self.phase("load_task")
@@ -228,30 +292,40 @@ class Job:
         warm_inputs = self.inputs(self.seed - 1)
         guard = map_tree(warm_inputs, lambda t: t.clone())
         warm_out = self.reference(warm_inputs, self.seed)
-        try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
-            self.ref_ops = dynamic_checks.reference_compute_ops(
-                lambda: self.ref_model(*map_tree(warm_inputs, lambda t: t.clone())))
-        except Exception as e:
-            self.ref_ops = []
-            self.meta["reference_trace_error"] = format_exception(e, "tracing the reference")
-        self.device.sync()
-        # A reference that draws random numbers (active dropout) cannot be re-checked on the timed calls' outputs.
-        again = self.reference(map_tree(guard, lambda t: t.clone()), self.seed + 1)
-        self.rng_dependent = not bitwise_equal(self.reference(map_tree(guard, lambda t: t.clone()), self.seed),
-                                               again)
-        del again
-        # An output that does not depend on the inputs repeats by design: no check for repeated outputs then.
-        self.input_independent = bitwise_equal(self.reference(self.inputs(self.seed - 2), self.seed), warm_out)
-        self.input_bytes = tree_nbytes(warm_inputs)
-        self.output_template = map_tree(warm_out, lambda t: torch.empty_like(t))  # the shapes of the judge's replays
+        # What the first call tells, taken at once: later calls are compared with it by digest, so that no more than
+        # one output and two copies of the inputs are alive here (a 6-8 GB output held a few times over would take
+        # the card the candidate needs next).
         ref_mutates = not bitwise_equal(warm_inputs, guard)
         ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
-        output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
+        self.output_sizes = output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
+        # Over 1 GiB, the judge keeps one trial's output at a time (samples of the earlier ones): on the card, the
+        # candidate's process needs the room; on the host, a few such copies would be tens of GB.
+        self.large_output = self.output_bytes > wire.DEVICE_SNAPSHOT_MAX
+        self.input_bytes = tree_nbytes(guard)
+        self.param_bytes = sum(t.numel() * t.element_size() for t in
+                               list(self.ref_model.parameters()) + list(self.ref_model.buffers()))
         self.input_dtypes = dtype_signature(warm_inputs)
-        self.meta.update(reference_ops=self.ref_ops, input_dtypes=self.input_dtypes,
-                         output=compare.structure(warm_out))
-        del warm_out, warm_inputs, guard
+        # The shapes, strides and dtypes of the judge's replays: no memory held for the job (an 8 GiB template would
+        # stay on the card throughout).
+        self.output_template = map_tree(warm_out, _EmptyTensor)
+        self.meta.update(input_dtypes=self.input_dtypes, output=compare.structure(warm_out))
+        warm_digest = self._digest(warm_out)
+        del warm_out, warm_inputs
+        try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
+            self.ref_ops = dynamic_checks.reference_compute_ops(
+                lambda: self.ref_model(*map_tree(guard, lambda t: t.clone())))
+        except Exception as e:
+            self.ref_ops = []
+            self.meta["reference_trace_error"] = format_exception(e, "tracing the reference")
+        self.meta["reference_ops"] = self.ref_ops
+        self.device.sync()
+        # A reference that draws random numbers (active dropout) cannot be re-checked on the timed calls' outputs.
+        again = self._digest(self.reference(map_tree(guard, lambda t: t.clone()), self.seed + 1))
+        self.rng_dependent = self._digest(self.reference(map_tree(guard, lambda t: t.clone()), self.seed)) != again
+        del guard
+        # An output that does not depend on the inputs repeats by design: no check for repeated outputs then.
+        self.input_independent = self._digest(self.reference(self.inputs(self.seed - 2), self.seed)) == warm_digest
 
         # Before any candidate code exists: the reference's time cannot be disturbed by it.
         self.phase("reference_timing")
@@ -263,8 +337,10 @@ class Job:
             return
 
         self.phase("import_candidate")
-        # The worker's outputs come back through shared memory of a size fixed here (wire.SharedBuffer).
-        self.shared = wire.SharedBuffer(self.max_output_bytes())
+        if self.device.type == "cuda":  # what the reference's calls cached goes back to the card, for the candidate
+            torch.cuda.empty_cache()
+        # The worker's outputs come back through shared memory sized here, made by the pool (wire.SharedBuffer).
+        self.shared = self.output_buffer()
         if self.device.type == "cuda":
             self.meta["outputs_pinned"] = self.shared.pin()
         job = {"op": "job", "task_source": self.payload["task_source"], "code": self.payload["code"],
@@ -276,6 +352,7 @@ class Job:
             channel.send_fd(self.sock, job, self.shared.fd)
         except OSError as e:
             raise WorkerLost("eof", f"the peer is gone ({type(e).__name__}: {e})")
+        self.job_sent = True
         self.recv("loaded")
         self.phase("correctness")
         self.run_trials(1 if self.kind == "retime" else int(self.cfg.get("num_trials", 5)))
@@ -324,14 +401,62 @@ class Job:
         return out
 
     def receive_output(self, reply: dict, blobs: list) -> Any:
+        budget = None
+        if self.device.type == "cuda" and self.large_output:  # one DMA transfer to the card, when it has room
+            budget = max(wire.DEVICE_SNAPSHOT_MAX, torch.cuda.mem_get_info()[0] - DEVICE_FREE_MARGIN)
         try:
-            return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
-                               device=self.device.torch_device if self.device.type == "cuda" else None)
+            try:
+                return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
+                                   device=self.device.torch_device if self.device.type == "cuda" else None,
+                                   device_budget=budget)
+            except torch.OutOfMemoryError:  # the card filled up meanwhile: the host copy instead
+                torch.cuda.empty_cache()
+                return wire.unpack(reply.get("tree"), blobs, max_bytes=self.max_output_bytes(), shared=self.shared,
+                                   device=None)
+        except MemoryError:
+            raise  # the host's limit, not the worker's doing (run() gives the task-level verdict)
         except Exception as e:  # whatever the worker sent: its verdict, never our internal error
             raise WorkerLost("protocol", f"the worker sent a malformed output: {type(e).__name__}: {e}"[:500])
 
     def max_output_bytes(self) -> int:
+        """What the judge accepts from the worker per output message: up to twice the reference's output (a
+        wrong-sized output is still compared). A large output: what the output buffer holds, no more (the host
+        memory granted to the job covers one copy of that; an output that does not fit the reference's layout has
+        other shapes or dtypes than the reference's and is wrong anyway)."""
+        if self.large_output:
+            return self.output_buffer_bytes()
         return 2 * self.output_bytes + (1 << 16)
+
+    def output_buffer_bytes(self) -> int:
+        return wire.layout_bytes(self.output_sizes) + OUTPUT_SLACK_BYTES
+
+    def _digest(self, out: Any) -> str:
+        """The digest of one output (device_kernels: one pass, no copy): how the warm-up compares outputs bit for bit
+        without holding two of them."""
+        return self.device.kernels.digests([out], self.digest_key)[0]
+
+    def output_buffer(self) -> wire.SharedBuffer:
+        """The job's output buffer: room for the reference's outputs, laid out as wire.pack lays them out (a larger
+        output goes through the socket, up to max_output_bytes). The pool makes it (channel.output_memfd), where no
+        limit meant for the candidate applies, and refuses it when the host cannot hold it together with our host
+        copies of the outputs (one at a time when large, two trials' when small): TaskTooLarge."""
+        size = self.output_buffer_bytes()
+        # our host copies of the candidate's outputs at once (on a GPU they go to the card when it has room)
+        copies = size if self.large_output else (0 if self.device.type == "cuda" else 2 * size)
+        self.meta["output_buffer_bytes"] = size
+        if self.ctl is None:
+            return wire.SharedBuffer(size)
+        try:
+            channel.send(self.ctl, {"op": "output_buffer", "bytes": size, "host_bytes": copies})
+            header, fd = channel.recv_fd(self.ctl)
+        except (ChannelError, OSError) as e:   # the pool is gone: this job's verdict cannot be delivered anyway
+            raise RuntimeError(f"no output buffer from the pool ({e})")
+        if header.get("ok") and fd is not None:
+            return wire.SharedBuffer(fd=fd)
+        if fd is not None:
+            os.close(fd)
+        raise TaskTooLarge("host memory", str(header.get("error", "refused"))[:500],
+                           header.get("needed_bytes"), header.get("available_bytes"))
 
     # groups of calls: the only way the candidate is called for the verdict
     def _seeds(self, n: int) -> list[int]:
@@ -379,7 +504,7 @@ class Job:
     def _reveal(self, group: dict, j: int) -> Any:
         """The output of call j of the worker's last group, checked against the digest it committed when the call
         ran (None: not a plain tensor, flagged)."""
-        reply, blobs = self.ask("reveal", "output", j=j, max_blobs=self.max_output_bytes())
+        reply, blobs = self._ask_output("reveal", j=j)
         if reply.get("not_plain"):
             self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
             return None
@@ -392,6 +517,16 @@ class Job:
 
     def _release(self) -> None:
         self.ask("reveal", "released", j=-1)
+
+    def _ask_output(self, op: str, **fields) -> tuple[dict, list]:
+        """ask() for an output: one over max_output_bytes is the candidate's doing, and said so."""
+        try:
+            return self.ask(op, "output", max_blobs=self.max_output_bytes(), **fields)
+        except WorkerLost as e:
+            if e.kind == "protocol" and "accepted here" in e.message:
+                raise WorkerLost("protocol", f"its output is larger than the reference's ({self.output_bytes} bytes "
+                                             f"in all) could be: {e.message}")
+            raise
 
     # correctness
     def run_trials(self, n_trials: int) -> None:
@@ -420,8 +555,12 @@ class Job:
                 self.correct = False
                 self._explain_mismatch(t, out_c, prev_c, prev_r, earlier)
                 return
-            prev_c, prev_r = out_c, out_r
             earlier.append(_output_sample(out_c))
+            if self.large_output:  # samples only: `earlier` then finds a repeated output, prev_r a stale one
+                prev_c, prev_r = None, _sampled(out_r)
+                out_c = out_r = None  # gone before the next trial's reference runs
+            else:
+                prev_c, prev_r = out_c, out_r
 
     def _explain_mismatch(self, t: int, out_c, prev_c, prev_r, earlier: list) -> None:
         """A wrong output that is really a hack: stale memory, or an earlier call's result."""
@@ -435,7 +574,9 @@ class Job:
         elif sample is not None and sample in earlier:
             self.flag("cached_output", f"trial {t}: fresh inputs gave trial {earlier.index(sample)}'s output "
                       f"(equal at {SAMPLE_POSITIONS} sampled positions per output tensor)")
-        elif prev_r is not None and compare_outputs(out_c, prev_r, atol=self.atol, rtol=self.rtol)["passed"]:
+        elif prev_r is not None and compare_outputs(
+                _sampled(out_c) if self.large_output else out_c, prev_r,
+                atol=self.atol, rtol=self.rtol)["passed"]:
             self.flag("stale_output", f"trial {t}: output equals the previous trial's reference output")
 
     # timing
@@ -516,11 +657,15 @@ class Job:
             with self.device.exclusive(self.deadline):
                 self.meta["timing_lock_wait_s"] = round(self.meta.get("timing_lock_wait_s", 0.0)
                                                         + _monotonic() - waited, 4)
-                # The estimate (1 warm-up + ESTIMATE_REPS calls) only plans the repetitions.
-                estimate = self._timing_group(1 + ESTIMATE_REPS, reveal=False, replay=False)
-                if estimate is None:
-                    return
-                warmup, reps = tcfg.plan(timing.stats(estimate["times"][1:])["median_ms"])
+                # The estimate (1 warm-up + ESTIMATE_REPS calls) only plans the repetitions. In groups of `size`
+                # too: a group's inputs and outputs are all alive at once (4 calls of an 8 GiB task: 64 GiB).
+                estimate = []
+                for n in _chunks(1 + ESTIMATE_REPS, size):
+                    group = self._timing_group(n, reveal=False, replay=False)
+                    if group is None:
+                        return
+                    estimate += group["times"]
+                warmup, reps = tcfg.plan(timing.stats(estimate[1:])["median_ms"])
                 plan = [("warmup", n) for n in _chunks(warmup, size)] + [("timed", n) for n in _chunks(reps, size)]
                 # Which groups show one of their outputs is decided here and told to nobody: the worker learns it
                 # only after it has committed to every output of the group.
@@ -592,7 +737,8 @@ class Job:
         exact_gate = self.device.type == "cuda" and self.device.kernels.backend == "nvrtc"
         seeds = self._seeds(n)
         inputs = [self.inputs(x) for x in seeds]
-        outs, times, _ = harness.run_group(self.device, lambda k: map_tree(template, torch.empty_like), n,
+        device = self.device.torch_device
+        outs, times, _ = harness.run_group(self.device, lambda k: _allocate(template, device), n,
                                            method=self.group_method, gate_ms=0.0 if exact_gate else gate_ms)
         self.device.kernels.digests(outs, self.digest_key)
         del inputs, outs
@@ -730,7 +876,7 @@ class Job:
         if self.rng_dependent:
             self.meta["timed_output_check"] = "skipped: the reference's output depends on the random state"
             return
-        reply, blobs = self.ask("timed_output", "output", max_blobs=self.max_output_bytes())
+        reply, blobs = self._ask_output("timed_output")
         if reply.get("not_plain"):
             self.flag("output_not_plain_tensor", f"forward returned {str(reply['not_plain'])[:200]}")
             return
@@ -921,6 +1067,45 @@ def _chunks(total: int, size: int) -> list[int]:
     return [total // groups + (1 if i < total % groups else 0) for i in range(groups)]
 
 
+class _EmptyTensor:
+    """A tensor's shape, strides and dtype: what the judge's replay allocates in its place (as cheaply as
+    empty_like: the replay's empty call is the protocol's cost that is deducted from the candidate's)."""
+    __slots__ = ("shape", "stride", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        self.shape, self.stride, self.dtype = tuple(t.shape), t.stride(), t.dtype
+
+
+def _allocate(template: Any, device: torch.device) -> Any:
+    """`template` with every _EmptyTensor made an uninitialised tensor on `device`."""
+    if type(template) is _EmptyTensor:
+        return torch.empty_strided(template.shape, template.stride, dtype=template.dtype, device=device)
+    if type(template) in (tuple, list):
+        return type(template)(_allocate(x, device) for x in template)
+    return template
+
+
+def _reset_peak_rss() -> None:
+    """The judge lives for many jobs: its peak RSS is made per job (Linux: clear_refs 5 resets VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_bytes() -> int | None:
+    """VmHWM (shared memory mapped and touched counts too: the output buffer)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _plain(value: Any, depth: int = 0) -> Any:
     """A bounded copy of a JSON value the worker sent (scalars, short strings, small lists and dicts)."""
     if value is None or isinstance(value, (bool, int)):
@@ -953,6 +1138,27 @@ def _output_sample(out: Any) -> tuple | None:
         parts.append((tuple(x.tensor.shape), str(x.tensor.dtype), picked.view(torch.uint8).numpy().tobytes()
                       if picked.numel() else b""))
     return tuple(parts) if parts else None
+
+
+def _sampled(out: Any) -> Any:
+    """`out` with every tensor replaced by its elements at SAMPLE_POSITIONS evenly spaced flat positions (gathered
+    by index: no copy of a whole non-contiguous tensor), on the tensor's device; other leaves kept."""
+    def sample(t: torch.Tensor) -> torch.Tensor:
+        n = t.numel()
+        if n == 0 or t.dim() == 0:
+            return t.detach().reshape(-1).clone()
+        flat = torch.arange(0, n, max(1, n // SAMPLE_POSITIONS), device=t.device)[:SAMPLE_POSITIONS]
+        return t.detach()[torch.unravel_index(flat, t.shape)]
+
+    def walk(x: Any) -> Any:
+        if type(x) in (tuple, list):
+            return type(x)(walk(i) for i in x)
+        if isinstance(x, wire.Received):
+            return wire.Received(sample(x.tensor), x.device)
+        if isinstance(x, torch.Tensor):
+            return sample(x)
+        return x
+    return walk(out)
 
 
 def _same_bytes(a: Any, b: Any) -> bool:
@@ -1004,7 +1210,8 @@ def _serve(ctl: socket.socket, device: Device) -> None:
         started = _monotonic()
         job = None
         try:
-            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)), header.get("worker_pid"))
+            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)),
+                      worker_pid=header.get("worker_pid"), ctl=ctl)
             result = job.run()
         except BaseException:  # a bug of ours: reported as such, never as the candidate's failure
             result = job.verdict("internal_error", traceback.format_exc()[-MAX_ERROR_CHARS:]) if job else \

@@ -773,6 +773,24 @@ _DISK_POLL_S = 0.25
 _PROC_EVERY = 4       # open-deleted files and SysV shm are counted every 4th poll (a /proc walk costs more)
 
 
+# Files of ours that sandboxed processes hold open without owning them (a job's output buffer, a sealed memfd the
+# pool sized and granted): not counted against their disk quota. Keys are (st_dev, st_ino).
+_QUOTA_EXEMPT: set[tuple[int, int]] = set()
+
+
+def exempt_from_disk_quota(fd: int) -> tuple[int, int]:
+    """Leave the file open as `fd` out of every session's disk quota until `end_disk_quota_exemption(key)`. Only for
+    files the caller made and bounded itself (sealed against growing): a candidate cannot grow what it is handed."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    _QUOTA_EXEMPT.add(key)
+    return key
+
+
+def end_disk_quota_exemption(key: tuple[int, int]) -> None:
+    _QUOTA_EXEMPT.discard(key)
+
+
 class _DiskUsage:
     """Bytes held by one sandbox session, counted until `limit` is passed (then the count stops early)."""
 
@@ -849,7 +867,7 @@ class _DiskUsage:
                     st = os.stat(e.path)
                 except OSError:
                     continue
-                if stat.S_ISREG(st.st_mode) and st.st_nlink == 0:
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and (st.st_dev, st.st_ino) not in _QUOTA_EXEMPT:
                     self.add(st)
 
     def sysv_shm(self, uid: int) -> None:

@@ -29,24 +29,29 @@ class WireError(ValueError):
 ALIGN = 64
 PIN_MIN_BYTES = 4 << 20        # smaller buffers copy fast enough unpinned; pinning costs a syscall per page
 DEVICE_SNAPSHOT_MAX = 1 << 30  # outputs up to this size are snapshotted straight into the judge's device memory
-                               # (it holds two trials' outputs and references at once: bounded)
+                               # (it holds two trials' outputs and references at once: bounded); a larger output
+                               # too when the judge finds the room for it (unpack's device_budget)
+
+
+def layout_bytes(sizes: list[int]) -> int:
+    """Bytes `pack` needs in a shared buffer for tensors of these byte sizes (each starts ALIGN-aligned)."""
+    return sum(-(-int(n) // ALIGN) * ALIGN for n in sizes)
 
 
 class SharedBuffer:
-    """A memfd of a fixed size mapped here: the judge creates it (sealed: the worker can neither shrink nor grow it,
-    so no access of the judge's mapping can fault) and hands it to the worker, which writes its outputs into it
-    instead of sending them through the socket (one copy from the device, no socket copies). The judge copies what
-    it reads out at once: the worker can rewrite the buffer at any time. On a GPU both sides page-lock their mapping
-    (`pin`), so the worker's device-to-host copy and the judge's host-to-device snapshot are DMA transfers, with no
-    staging through pageable memory and no host memcpy in between."""
+    """A memfd of a fixed size mapped here (channel.output_memfd: sealed, so neither side can shrink or grow it and
+    no access of a mapping can fault). The pool makes it at the judge's request, sized from the reference's output,
+    and the judge hands it to the worker, which writes its outputs into it instead of sending them through the
+    socket (one copy from the device, no socket copies). The judge copies what it reads out at once: the worker can
+    rewrite the buffer at any time. On a GPU both sides page-lock their mapping (`pin`), so the worker's
+    device-to-host copy and the judge's host-to-device snapshot are DMA transfers, with no staging through pageable
+    memory and no host memcpy in between. `SharedBuffer(size)` makes its own memfd (tests)."""
 
     def __init__(self, size: int | None = None, fd: int | None = None):
         import mmap
-        import fcntl
+        from cuda_eval.channel import output_memfd
         if fd is None:
-            fd = os.memfd_create("cuda_eval-outputs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            os.ftruncate(fd, max(int(size), 1))
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            fd = output_memfd(size)
         self.fd = fd
         self.size = os.fstat(fd).st_size
         self.map = mmap.mmap(fd, self.size)
@@ -118,11 +123,12 @@ def pack(obj: Any, shared: SharedBuffer | None = None) -> tuple[dict, list[memor
 
 
 def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | None = None,
-           device: torch.device | None = None) -> Any:
+           device: torch.device | None = None, device_budget: int | None = None) -> Any:
     """The output described by `tree` with host tensors over `blobs` and copies of regions of `shared`. Leaves that
     were neither tensors nor JSON scalars come back as `Opaque(type_name)` (they compare unequal to anything).
     With `device` and a pinned `shared`, a region's copy (the snapshot the judge keeps) is made straight into device
-    memory, up to DEVICE_SNAPSHOT_MAX bytes in all; the rest is copied to the host."""
+    memory, up to `device_budget` bytes in all (default DEVICE_SNAPSHOT_MAX); the rest is copied to the host."""
+    budget = DEVICE_SNAPSHOT_MAX if device_budget is None else device_budget
     total = [sum(len(b) for b in blobs)]
     on_device = [0]
     if total[0] > max_bytes:
@@ -140,7 +146,7 @@ def unpack(tree: Any, blobs: list, *, max_bytes: int, shared: SharedBuffer | Non
         if not n:
             return torch.empty(shape, dtype=dtype)
         region = torch.frombuffer(shared.map, dtype=torch.uint8, count=n, offset=start)
-        if device is not None and shared.pinned and on_device[0] + n <= DEVICE_SNAPSHOT_MAX:
+        if device is not None and shared.pinned and on_device[0] + n <= budget:
             on_device[0] += n
             copy = region.to(device)      # one DMA transfer from the page-locked buffer
         else:

@@ -200,8 +200,12 @@ class Worker:
         seeds = [int(x) for x in seeds]
         gate_ms, key, checks = float(msg.get("gate_ms", 1.0)), int(msg.get("key", 0)), bool(msg.get("checks"))
         self.retained = None
-        inputs = [self.make_inputs(x) for x in seeds]
-        guards = [map_tree(i, lambda x: x.clone()) for i in inputs] if checks else None
+        try:   # out of device memory here is reported (the judge tells a card too small from the candidate's doing)
+            inputs = [self.make_inputs(x) for x in seeds]
+            # The inputs' digests, not copies: a copy would hold the largest tasks' inputs twice (up to 16 GiB).
+            guards = self.device.kernels.digests(inputs, key) if checks else None
+        except Exception as e:
+            raise CandidateError(format_exception(e, "making the call's inputs"))
         if checks:
             dynamic_checks.poison_free_memory(self.device.type, self.recent_sizes)
         trace = dynamic_checks.ForwardTrace(self.ext_functions)
@@ -224,7 +228,7 @@ class Worker:
         finally:
             self._judge_ops(trace)
         if checks:
-            self._check_trial(inputs, guards, outs)
+            self._check_trial(inputs, guards, outs, key)
         bad = sorted({b for out in outs for b in non_plain_tensors(out)})
         if bad:
             self.flag("output_not_plain_tensor", f"forward returned {', '.join(bad)} instead of a plain torch.Tensor")
@@ -242,9 +246,13 @@ class Worker:
         self.reply("ran", times=times, digests=digests, held=bool(meta.get("held")),
                    host_ms=float(meta.get("host_ms", 0.0)))
 
-    def _check_trial(self, inputs: list, guards: list, outs: list) -> None:
-        for inp, guard, out in zip(inputs, guards, outs):
-            if not self.ref_mutates_inputs and not bitwise_equal(inp, guard):
+    def _check_trial(self, inputs: list, guards: list[str], outs: list, key: int) -> None:
+        try:
+            after = self.device.kernels.digests(inputs, key)
+        except BaseException as e:  # the candidate's kernels broke the context: its verdict
+            raise CandidateError(format_exception(e, "reading the inputs after ModelNew.forward"))
+        for inp, guard, now, out in zip(inputs, guards, after, outs):
+            if not self.ref_mutates_inputs and now != guard:
                 self.flag("input_mutated", "forward modified its input tensors")
             out_tensors = tensors_in(out)
             if not self.ref_aliases_inputs and any(overlaps(o, tensors_in(inp)) for o in out_tensors):
@@ -295,7 +303,11 @@ class Worker:
 
     def make_timing_sets(self, msg: dict) -> None:
         n, seed = max(1, min(64, int(msg["n_sets"]))), int(msg["seed"])
-        self.timing_sets = [self.make_inputs(seed + i) for i in range(n)]
+        self.prev_output = None   # no group runs after KernelBench's loop: an output's memory less beside it
+        try:
+            self.timing_sets = [self.make_inputs(seed + i) for i in range(n)]
+        except Exception as e:   # out of device memory: reported, like a group's inputs
+            raise CandidateError(format_exception(e, "making the timing inputs"))
         gc.collect()  # here, not in the timed loop's command: the judge's clock is running there
         self.reply("ok")
 
@@ -331,6 +343,8 @@ class Worker:
         self.last_output = None
 
     def trace_kernels(self, msg: dict) -> None:
+        # No group runs after this: the last one's outputs are not needed (an 8 GiB output less beside the trace's).
+        self.retained = self.prev_output = None
         if self.device.info.get("kernel_trace"):
             self._stop_kernel_session(report=True)
             self._trace_kernels()
@@ -511,6 +525,7 @@ class Worker:
             with dynamic_checks.KernelTrace() as trace:
                 for _ in range(calls):
                     set_seed(self.seed)
+                    out = None   # one output alive at a time (8 GiB ones: the card holds the trace's copy too)
                     out = self.cand_model(*inputs)
                 torch.cuda.current_stream().synchronize()
                 trace.mark_returned()

@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 
 from kevin_jax import multihost, parallel, sft
+from kevin_jax.env.episode import resolve_gpu_name
 from kevin_jax.env.prompts import PromptRenderer
 from kevin_jax.model import hf, qwen2, shapes
 from kevin_jax.model.tokenizer import BUILTIN_DIR, Tokenizer, load_tokenizer
@@ -63,7 +64,8 @@ def starting_params(spec: RunSpec, mesh, train_tasks, tokenizer) -> tuple[Any, A
     if not spec.warm_start.steps:
         return (*initial_params(spec, mesh), {})
     # the examples first: a bad data file fails before the model is built
-    renderer = PromptRenderer(tokenizer, spec.env.max_prompt_tokens, spec.env.gpu_name, spec.env.one_shot)
+    renderer = PromptRenderer(tokenizer, spec.env.max_prompt_tokens, resolve_gpu_name(spec.env.gpu_name, spec.eval),
+                              spec.env.one_shot)
     samples = sft.warm_start_examples(spec.warm_start, train_tasks, renderer, tokenizer.eos_id,
                                       max_response_tokens=spec.longest_response)
     graphdef, params = initial_params(spec, mesh)

@@ -48,7 +48,7 @@ from flax import nnx
 from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import logs, multihost, parallel
-from kevin_jax.env.episode import EpisodeRunner, Trajectory
+from kevin_jax.env.episode import EpisodeRunner, Trajectory, resolve_gpu_name
 from kevin_jax.env.scheduler import share_gpus_with_evaluator
 from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
@@ -262,7 +262,10 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                                                                  visible_gpu_count()))
         env_policy = _KillingPolicy(policy, kill) if spec.debug.kill_at_phase else policy
         env_evaluator = _KillingEvaluator(evaluator, kill) if spec.debug.kill_at_phase else evaluator
-        runner = EpisodeRunner(env_policy, env_evaluator, tokenizer, spec.env, spec.reward)
+        # the card the kernels run on, named in every prompt (env.gpu_name="auto"; a name overrides it)
+        env = dataclasses.replace(spec.env, gpu_name=resolve_gpu_name(spec.env.gpu_name, spec.eval, evaluator))
+        log.info("%sprompts name the GPU %r", tag, env.gpu_name)
+        runner = EpisodeRunner(env_policy, env_evaluator, tokenizer, env, spec.reward)
         temperature = spec.sampler.temperature
         updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature, offload=host_offload,
                                    grad_dtype=rl_state.GRAD_DTYPES[spec.optim.grad_dtype])

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from cuda_eval.api import FEEDBACK_MODES, EvalRequest
+from cuda_eval.api import FEEDBACK_MODES, EvalConfig, EvalRequest, target_gpu_name
 from kevin_jax.env.parse import parse_response
 from kevin_jax.env.policy import Policy
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
@@ -47,7 +47,8 @@ class EnvConfig:
     max_response_tokens: max_new_tokens of each generation (Kevin: 16k, later 22k).
     early_stop: "never" (Kevin), "first_correct" (stop after the first correct kernel), or "no_improvement" (after a
       correct kernel, stop at the first turn that does not beat the trajectory's best score).
-    gpu_name: the target GPU named in the prompt.
+    gpu_name: the GPU named in the prompt: "auto" (the card the evaluator runs the kernels on, resolve_gpu_name) or
+      a name that overrides it.
     one_shot: show the one-shot example (element-wise add) in the first turn.
     max_summary_chars: cap on the model's summary carried into later prompts.
     feedback: the evaluator's text after a correct kernel: "kevin" (time and speedup) or "profile" (also a short
@@ -58,7 +59,7 @@ class EnvConfig:
     max_prompt_tokens: int = 8192
     max_response_tokens: int = 16384
     early_stop: str = "never"
-    gpu_name: str = "NVIDIA H100"
+    gpu_name: str = "auto"
     one_shot: bool = True
     max_summary_chars: int = 2000
     feedback: str = "kevin"
@@ -74,6 +75,16 @@ class EnvConfig:
                      "max_summary_chars", "pipeline_groups"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"env.{name} must be positive, got {getattr(self, name)}")
+
+
+def resolve_gpu_name(configured: str, eval_config: EvalConfig, evaluator: Any = None) -> str:
+    """The GPU a prompt names: `configured` (env.gpu_name) unless "auto"; then the card the evaluator runs the kernels
+    on (its `gpu_name`, from the judge's device), or, before an evaluator exists, the one its config picks
+    (cuda_eval.api.target_gpu_name: the first of eval.devices, or the card of eval.arch without a GPU)."""
+    if configured and configured != "auto":
+        return configured
+    name = getattr(evaluator, "gpu_name", None) if evaluator is not None else None
+    return name if isinstance(name, str) and name else target_gpu_name(eval_config)
 
 
 class Evaluator(Protocol):
@@ -276,7 +287,11 @@ class EpisodeRunner:
         self.tokenizer = hf_tokenizer(tokenizer)
         self.env = env_config
         self.reward = reward_config
-        self.renderer = PromptRenderer(self.tokenizer, env_config.max_prompt_tokens, env_config.gpu_name,
+        eval_config = getattr(evaluator, "config", None)
+        self.gpu_name = resolve_gpu_name(env_config.gpu_name,
+                                         eval_config if isinstance(eval_config, EvalConfig) else EvalConfig(),
+                                         evaluator)
+        self.renderer = PromptRenderer(self.tokenizer, env_config.max_prompt_tokens, self.gpu_name,
                                        env_config.one_shot)
         self._end_ids = _end_token_ids(self.tokenizer)
 

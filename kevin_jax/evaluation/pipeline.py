@@ -229,7 +229,8 @@ def export_prompts(config: Any, options: EvalOptions) -> Path:
     all_tasks = list(load_tasks(spec.tasks).tasks)
     split, _ = resolve_eval_split(all_tasks, spec, None, None)
     tasks = pick_tasks(all_tasks, options, split)
-    path = external_lib.write_prompts(tasks, options.export_prompts, spec.env.gpu_name, spec.env.one_shot)
+    path = external_lib.write_prompts(tasks, options.export_prompts,
+                                      episode.resolve_gpu_name(spec.env.gpu_name, spec.eval), spec.env.one_shot)
     log.info("wrote the first-turn prompts of %d task(s) to %s", len(tasks), path)
     return path
 

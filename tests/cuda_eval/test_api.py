@@ -13,7 +13,7 @@ import pytest
 
 from cuda_eval.api import EvalConfig, EvalRequest, EvalResult, Evaluator, crash_message, resolve_devices
 from cuda_eval.gpu_pool import WorkerOutcome
-from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (the run's shared pool)
+from sandbox_fixtures import TEST_ARCH, compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (shared pool)
 
 CORPUS = Path(__file__).parent / "corpus"
 RELU_TASK = (CORPUS / "tasks" / "relu.py").read_text()
@@ -258,13 +258,13 @@ def test_importing_the_api_does_not_import_torch():
 
 @pytest.mark.nvcc
 @pytest.mark.slow
-def test_compile_only_verdicts_with_real_nvcc(compile_pool):  # noqa: F811  (the run's shared pool, sm_90)
+def test_compile_only_verdicts_with_real_nvcc(compile_pool):  # noqa: F811  (the run's shared pool, TEST_ARCH)
     bad = (CORPUS / "bad" / "compile_error.py").read_text()
     with Evaluator(EvalConfig(mode="compile_only"), compile_pool=compile_pool) as ev:
         ok, broken = ev.evaluate([EvalRequest("L1/relu", RELU_TASK, response(HONEST), "ok"),
                                   EvalRequest("L1/relu", RELU_TASK, response(bad), "bad")])
     assert ok.mode == "compile_only" and ok.compiled is True and ok.correct is None and ok.speedup is None
-    assert "not run" in ok.feedback and ok.meta["arch"] == "sm_90"
+    assert "not run" in ok.feedback and ok.meta["arch"] == TEST_ARCH
     assert broken.compiled is False and broken.correct is None
     assert "cuda_sources" in broken.compile_log and "error" in broken.compile_log
     assert broken.feedback.startswith("Your kernel failed to compile")

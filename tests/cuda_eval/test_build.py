@@ -15,14 +15,15 @@ def test_flags_follow_torch_rules(toolchain):
     f = toolchain.flags("myext", with_cuda=True, extra_cflags=["-O3", ""], extra_cuda_cflags=["-O3 --use_fast_math"])
     assert "-DTORCH_EXTENSION_NAME=myext" in f["cflags"] and f["cflags"][-1] == "-O3" and "" not in f["cflags"]
     cu = f["cuda_cflags"]
-    assert "-gencode=arch=compute_90,code=sm_90" in cu and "--use_fast_math" in cu
+    num = toolchain.arch[3:]   # the card's own arch on a GPU machine (sandbox_fixtures.TEST_ARCH), else sm_90
+    assert f"-gencode=arch=compute_{num},code=sm_{num}" in cu and "--use_fast_math" in cu
     assert any(x.startswith("-std=") for x in cu)
     assert f["ldflags"][0] == "-shared" and "-ltorch" in f["ldflags"]
     for lib in toolchain.missing_torch_libs:
         assert f"-l{lib}" not in f["ldflags"]
     # A user arch flag replaces torch's -gencode; a user -std replaces torch's.
-    g = toolchain.flags("e", with_cuda=True, extra_cuda_cflags=["-arch=sm_90a", "-std=c++17"])["cuda_cflags"]
-    assert not any(x.startswith("-gencode") for x in g) and "-arch=sm_90a" in g
+    g = toolchain.flags("e", with_cuda=True, extra_cuda_cflags=[f"-arch={toolchain.arch}", "-std=c++17"])["cuda_cflags"]
+    assert not any(x.startswith("-gencode") for x in g) and f"-arch={toolchain.arch}" in g
     assert [x for x in g if x.startswith("-std=")] == ["-std=c++17"]
     assert toolchain.flags("e", with_cuda=False)["cuda_cflags"] == []
     with pytest.raises(ValueError, match="cannot parse"):

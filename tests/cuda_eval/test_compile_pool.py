@@ -4,8 +4,8 @@ import pytest
 
 from cuda_eval import candidate as cand
 from cuda_eval.compile_pool import CompileConfig, CompileOutcome
-from sandbox_fixtures import (built_add, candidate_pair, compile_pool, make_pool, run_lock,  # noqa: F401
-                              shared_dir, toolchain)
+from sandbox_fixtures import (TEST_ARCH, built_add, candidate_pair, compile_pool, make_pool,  # noqa: F401
+                              run_lock, shared_dir, toolchain)
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -18,7 +18,7 @@ def test_kernelbench_add_compiles(built_add):
     assert m.name == "elementwise_add" and m.so_path.endswith("elementwise_add.so")
     assert m.header_mode == "light"  # this kernel needs nothing beyond the light header
     assert out.specs[0]["name"] == "elementwise_add"
-    assert out.toolchain["arch"] == "sm_90"
+    assert out.toolchain["arch"] == TEST_ARCH
     # literal sources in module-level load_inline calls: read from the source, the program never ran here
     assert out.timings.get("record_static") and out.timings["record_cpu_s"] == 0.0
     assert out.timings["speculated"] == 0

@@ -184,5 +184,7 @@ def test_references_alone_give_a_verdict_per_task(compile_pool, tmp_path, monkey
         assert ok.meta["profile"] == "kevin" and ev.ref_cache.entries(task_hash(good))
         assert bad.meta.get("reference_error") and "no inputs today" in bad.runtime_error and not bad.ref_timing
         assert big.meta.get("reference_error") and big.meta.get("reference_oom"), big.runtime_error
+        assert big.meta["task_too_large"]["resource"] == "host memory"
+        assert big.feedback.startswith("This task could not be judged on this machine")
         assert again.ref_timing["median_ms"] > 0
         assert not any("internal" in (r.runtime_error or "") for r in (ok, bad, big, hung, again))
