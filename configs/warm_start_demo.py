@@ -43,7 +43,6 @@ def get_config():
     c.total_steps = 30                     # runs are cut by time first (9-10 multi-turn steps in ~20 minutes)
     c.warm_start.steps = 220               # later turns 0.87-0.97 correct at RL step 1; 40-63% at 180 (LOG)
     c.warm_start.learning_rate = 1e-3
-    c.warm_start.corpus = "builtin"
     c.warm_start.length_buckets = 0        # random batches, as in every demo result in docs/LOG.md
     c.optim.learning_rate = 2e-5            # 5e-5 drifts after ~3 steps (docstring)
     c.rl.tasks_per_step = 15               # every training task at every step
