@@ -28,8 +28,8 @@ class RewardConfig:
     speedup_clip: the cap of "clip".
     gamma: discount of later turns in the return (Kevin: 0.4).
     return_aggregation: how a turn's return combines its own and the later turns' discounted scores: "sum" (Kevin),
-      "max", or "single_turn" (R_t = S_t: every turn its own sample). Not how the loss combines tokens:
-      rl.loss_aggregation.
+      "max", or "single_turn" (R_t = S_t: every turn its own sample). (How the loss combines tokens is
+      rl.loss_aggregation.)
     """
     correct_weight: float = 0.3
     speedup_transform: str = "identity"

@@ -20,7 +20,8 @@ class RLConfig:
     clip_eps_low, clip_eps_high: the PPO ratio is clipped to [1 - eps_low, 1 + eps_high] (clip-higher: 0.2 / 0.28).
     loss_aggregation: how token losses become the batch loss: "constant_length" (Dr. GRPO, Kevin: sum over tokens /
       (samples * constant_length)), "token_mean" (sum / all model tokens of the batch), "sequence_mean" (mean over
-      each sample's tokens, then over samples). Not how a turn's return combines later scores: reward.return_aggregation.
+      each sample's tokens, then over samples). (How a turn's return combines later scores is
+      reward.return_aggregation.)
     constant_length: the constant of loss_aggregation="constant_length"; 0 = the largest max_response_tokens of the run.
     kl_coef: weight of the k3 KL estimate to the reference policy (the initial parameters); 0 = off (Kevin), and then
       no reference copy is kept.

@@ -73,7 +73,7 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         out[f"turn{i}/format_ok_rate"] = _mean(t.parsed.get("format_error") is None for t in at)
         out[f"turn{i}/mean_speedup"] = _mean(speedups)
         out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
-        # A turn whose samples are pushed down on average at every step (reward.baseline, kevin_jax.rl.advantages).
+        # A turn whose samples are pushed down on average at every step (advantage.baseline, kevin_jax.rl.advantages).
         out[f"turn{i}/advantage_mean"] = _mean(t.advantage for t in at)
         # A turn that un-sharpens during RL: the failed seed's later turns (docs/LOG.md, "reward.baseline=turn_mean").
         out[f"turn{i}/sampled_nll"] = _mean(sampled_nll(t.response_logprobs) for t in at)
