@@ -25,10 +25,10 @@ class RLConfig:
     constant_length: the constant of loss_aggregation="constant_length"; 0 = the largest max_response_tokens of the run.
     kl_coef: weight of the k3 KL estimate to the reference policy (the initial parameters); 0 = off (Kevin), and then
       no reference copy is kept.
-    old_logprobs: "sampler" or "trainer" (see the module docstring).
+    old_logprobs: "sampler" or "trainer" (kevin_jax.rl.loss says what each means).
     tis_cap: truncated importance-sampling cap for old_logprobs="trainer"; 0 = off.
     skip_zero_advantage: leave samples with advantage 0 out of the update (with kl_coef 0 they add nothing to the
-      loss or gradient: pure savings; they still count in the aggregation's denominators).
+      loss or gradient: pure savings; they still count in loss_aggregation's denominators).
     micro_batch_tokens: tokens (rows x row length) per micro-batch; gradients are accumulated over micro-batches.
     pack: pack several samples per row (segment ids); False = one sample per right-padded row (cuDNN attention).
     row_len: tokens per row; 0 = automatic: a power of two >= the longest sample of the batch (at least
