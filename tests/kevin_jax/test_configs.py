@@ -3,12 +3,13 @@ command line; unknown fields are errors and renamed ones name their new name; ea
 departures; the recipes hold Kevin's numbers; building a config does not import jax; GPU placement."""
 import ast
 import dataclasses
-import typing
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
+import jax
 import pytest
 from absl import flags
 from ml_collections import config_flags
@@ -288,6 +289,20 @@ def test_config_files_do_not_import_jax():
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
             "assert not loaded, f'building the configs imported {loaded[:8]}'\n") % (str(REPO), CONFIGS)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_jax_free_sections_name_what_the_jax_side_implements():
+    """model.config and rl.config validate names without jax; the jax modules hold what each name means."""
+    from kevin_jax.model import config as model_config
+    from kevin_jax.model import qwen2
+    from kevin_jax.rl import config as rl_config
+    from kevin_jax.rl import state as rl_state
+
+    assert tuple(qwen2.REMAT_POLICIES) == model_config.REMAT_POLICY_NAMES
+    assert tuple(rl_state.GRAD_DTYPES) == rl_config.GRAD_DTYPE_NAMES
+    options = qwen2.ModelOptions(dtype="float32", param_dtype="bfloat16", matmul_precision="highest")
+    assert options.compute_dtype is jax.numpy.float32 and options.storage_dtype is jax.numpy.bfloat16
+    assert options.precision == jax.lax.Precision.HIGHEST
 
 
 def test_too_short_context_is_an_error():
