@@ -27,7 +27,7 @@ from kevin_jax.env.episode import EnvConfig, EpisodeRunner, save_trajectories  #
 from kevin_jax.env.policy import Generation  # noqa: E402
 from kevin_jax.model.tokenizer import load_tokenizer  # noqa: E402
 from kevin_jax.env.reward import RewardConfig, counts_as_correct  # noqa: E402
-from kevin_jax.rl.advantages import assign_returns  # noqa: E402
+from kevin_jax.rl.advantages import AdvantageConfig, assign_returns  # noqa: E402
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks  # noqa: E402
 
 PLAN = ("wrong", "correct")
@@ -103,7 +103,7 @@ def main() -> int:
     with Evaluator(EvalConfig(devices=args.devices, mode="auto", cache_dir=args.cache_dir)) as evaluator:
         start_s = time.perf_counter() - t0
         result = EpisodeRunner(policy, evaluator, tokenizer, env, RewardConfig()).run(tasks, step=0, seed=0)
-    assign_returns(result.trajectories, RewardConfig())   # the environment scores turns; returns are RL's
+    assign_returns(result.trajectories, RewardConfig(), AdvantageConfig())   # the environment scores turns; RL the rest
     total_s = time.perf_counter() - t0
 
     rows, failures = [], 0

@@ -108,30 +108,15 @@ def get_config(layout: str = "auto"):
     if name not in LAYOUTS:
         raise ValueError(f"configs/kevin32b.py:{layout}: unknown layout; known: auto, {', '.join(LAYOUTS)}")
     node = LAYOUTS[name]
-    c = common.base()
-    c.total_steps = 100
-    c.response_schedule = "30:22528"
-    c.model.shape = ""                      # the policy comes from --config.model.hf_checkpoint=<QwQ-32B dir>
-    c.tokenizer.path = "model"
-    c.tasks.levels = (1, 2)
-    c.tasks.holdout_fraction = 0.1          # 100 tasks per level -> 90 + 90 train, 10 + 10 held out
-    c.env.num_turns = 4
-    c.env.num_trajectories = 16
-    c.env.max_prompt_tokens = 16384
-    c.env.max_response_tokens = 16384
-    c.sampler.temperature = 0.9
-    c.sampler.max_slots = 128               # every trajectory of a round decodes at once
-    c.sampler.max_seq_len = 40960           # QwQ's context; >= prompt budget + 22k responses
-    c.sampler.kv_cache_fraction = 0.3
-    c.rl.tasks_per_step = 8
-    c.rl.updates_per_batch = 2
+    c = common.base()                       # the recipe; below, what it leaves to this file and the node
+    c.response_schedule = "30:22528"        # responses up to 16k tokens, 22k from step 30
+    c.tokenizer.path = "model"              # QwQ-32B's own tokenizer files
     # One sample per right-padded row: the update's attention is then cuDNN flash (causal); packed rows would use
     # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context,
     # one row per GPU per micro-batch from 16k up (two of 8k, ...).
     c.rl.pack = False
     c.rl.micro_batch_tokens = node.gpus * (node.max_row_tokens or 16384)
     c.rl.logprob_chunk = 512
-    c.mesh.fsdp = -1                        # FSDP over the node's GPUs
     c.optim.offload = node.offload
     c.optim.grad_dtype = node.grad_dtype
     c.gpu.jax_memory_fraction = node.jax_memory_fraction
@@ -141,8 +126,6 @@ def get_config(layout: str = "auto"):
         c.response_schedule = ""
         c.sampler.max_seq_len = node.max_row_tokens
     c.holdout.every_steps = 10
-    c.holdout.num_trajectories = 4
-    c.ckpt.every_steps = 1
     c.ckpt.max_to_keep = 2
     log.info("configs/kevin32b.py: layout %s (%s): optimiser state %s, gradient sum in %s, JAX pool %.0f%% of each "
              "GPU%s", name, "named" if name == layout else "detected",

@@ -27,14 +27,11 @@ def get_config():
     c = common.base()
     c.total_steps = 10
     c.model.shape = "qwen2.5_0.5b"
-    c.tokenizer.path = ""                     # built-in tokenizer (8192 ids; the 0.5B shape's embedding is larger)
-    c.env.num_turns = 4
     c.env.num_trajectories = 8
     c.env.max_prompt_tokens = 6144
     c.env.max_response_tokens = 2048
     c.sampler.max_slots = 32
     c.sampler.max_seq_len = 8192
-    c.sampler.kv_cache_fraction = 0.3
     c.rl.tasks_per_step = 4
     c.rl.micro_batch_tokens = 32768
     c.rl.pack = False                         # right-padded rows: cuDNN flash attention in the update
@@ -45,6 +42,5 @@ def get_config():
     c.warm_start.length_buckets = 8           # batches of similar length: 35% padding instead of 58% (docs/LOG.md)
     c.warm_start.corpus = "builtin"           # mixed-quality, multi-turn examples (kevin_jax/sft.py)
     c.holdout.every_steps = 5
-    c.holdout.num_trajectories = 4
     c.ckpt.every_steps = 5
     return c

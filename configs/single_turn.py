@@ -18,5 +18,5 @@ def get_config(layout: str = "auto"):
     c = kevin32b.get_config(layout)
     c.env.num_turns = 1
     c.env.num_trajectories = 64
-    c.reward.aggregation = "single_turn"
+    c.reward.return_aggregation = "single_turn"
     return c

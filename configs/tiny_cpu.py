@@ -48,9 +48,7 @@ def get_config():
     c.warm_start.batch_size = 2
     c.warm_start.solution_tasks = "L1/1_LeakyReLU"
     c.warm_start.answer_every_prompt = True
-    c.holdout.every_steps = 0
     c.holdout.at_end = False
     c.holdout.num_trajectories = 1
-    c.ckpt.every_steps = 1
     c.ckpt.max_to_keep = 2
     return c

@@ -12,9 +12,9 @@ Commands (runs/demo.sh runs them: the README's demo, `SEED=0 bash runs/demo.sh`)
   python launch/sft.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/sft --config.warm_start.steps=180
   python launch/train.py --config=configs/warm_start_demo.py --workdir=workdirs/demo/kl_seed0 \\
       --config.model.shape= --config.model.hf_checkpoint=workdirs/demo/sft --config.warm_start.steps=0 \\
-      --config.reward.baseline=turn_mean --config.rl.kl_coef=0.1
+      --config.advantage.baseline=turn_mean --config.rl.kl_coef=0.1
 (second seed: --config.seed=1; single-turn at the same 120 kernels per step: --config.env.num_turns=1
---config.env.num_trajectories=8 --config.reward.aggregation=single_turn)
+--config.env.num_trajectories=8 --config.reward.return_aggregation=single_turn)
 
 What to expect on one H100 (docs/LOG.md, "turn_mean plus a KL penalty to the warm start"): the 180-step warm start
 in ~1.5 minutes (0.16-0.19 s/step, answer NLL 9.19 -> ~0.007), then RL steps of ~2 minutes (the first ~4.5 with
@@ -43,7 +43,6 @@ def get_config():
     c.total_steps = 30                     # runs are cut by time first (9-10 multi-turn steps in ~20 minutes)
     c.warm_start.steps = 220               # later turns 0.87-0.97 correct at RL step 1; 40-63% at 180 (LOG)
     c.warm_start.learning_rate = 1e-3
-    c.warm_start.corpus = "builtin"
     c.warm_start.length_buckets = 0        # random batches, as in every demo result in docs/LOG.md
     c.optim.learning_rate = 2e-5            # 5e-5 drifts after ~3 steps (docstring)
     c.rl.tasks_per_step = 15               # every training task at every step

@@ -17,7 +17,6 @@ target sharding names (pinned_host for an offloaded state), shard by shard: neve
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -28,36 +27,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from kevin_jax.run_config import CheckpointConfig
+
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class CheckpointConfig:
-    """Checkpoints (config section `ckpt`).
-
-    every_steps: save after every this many RL steps (and always after the last one).
-    max_to_keep: newest checkpoints kept on disk (0 = all).
-    async_save: write in a background thread while the next step runs (orbax AsyncCheckpointer).
-    enabled: False = no checkpoints at all (a run whose state cannot be stored anywhere; it cannot resume).
-    dir: where the checkpoints go; "" = <workdir>/checkpoints. A volume with room for max_to_keep + 1 states
-      (QwQ-32B with the optimiser state: 458 GB each, 393 GB offloaded; docs/ARCHITECTURE.md).
-    concurrent_gb: checkpoint data in host RAM at once while writing or reading (orbax's byte limits): with an
-      offloaded optimiser state the host RAM is mostly taken already.
-    """
-    every_steps: int = 1
-    max_to_keep: int = 3
-    async_save: bool = True
-    enabled: bool = True
-    dir: str = ""
-    concurrent_gb: int = 32
-
-    def __post_init__(self):
-        if self.every_steps <= 0:
-            raise ValueError(f"ckpt.every_steps must be positive, got {self.every_steps}")
-        if self.max_to_keep < 0:
-            raise ValueError(f"ckpt.max_to_keep must be >= 0 (0 = keep all), got {self.max_to_keep}")
-        if self.concurrent_gb <= 0:
-            raise ValueError(f"ckpt.concurrent_gb must be positive, got {self.concurrent_gb}")
 
 
 class CheckpointSpaceError(RuntimeError):

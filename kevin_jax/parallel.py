@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import math
 import os
@@ -25,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from kevin_jax.placement import ParallelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -50,27 +51,6 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     "mlp": "tensor",
     "norm": None,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-    """Mesh shape and multi-host start-up.
-
-    Attributes:
-      data: size of the pure data-parallel axis.
-      fsdp: size of the fully-sharded data-parallel axis; -1 = every device not used by `data` and `tensor`.
-      tensor: size of the tensor-parallel axis (must divide query heads, KV heads, MLP width and vocabulary).
-      coordinator_address: "host:port" of process 0 for multi-host runs; None = single host, or let
-        jax.distributed discover it from the cluster environment (SLURM, Open MPI, Kubernetes).
-      num_processes: number of processes (hosts) of a multi-host run; None = discover.
-      process_id: this process's index; None = discover.
-    """
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
 
 
 # Environment variables that say "this process is one of several launched by a cluster manager"; jax.distributed

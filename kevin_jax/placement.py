@@ -1,4 +1,6 @@
 """Which GPUs JAX (the policy) uses and which cuda_eval (the kernels under test) uses; must run before JAX starts.
+Also the `mesh` config section (ParallelConfig: how JAX's devices are laid out, and the processes of a multi-host
+run), read by kevin_jax.parallel, here so that the config can be built without jax.
 
 This module does not import jax: `apply_gpu_placement` sets the environment that JAX reads when its GPU backend is
 created (launch/train.py calls it right after parsing the config, before importing anything that imports jax).
@@ -47,6 +49,27 @@ class GpuConfig:
         if not 0.05 <= self.jax_memory_fraction <= 1.0:
             raise ValueError(f"gpu.jax_memory_fraction must be in [0.05, 1], got {self.jax_memory_fraction}")
         parse_indices(self.jax_devices, "gpu.jax_devices")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """Mesh shape and multi-host start-up (config section `mesh`; kevin_jax.parallel reads it).
+
+    Attributes:
+      data: size of the pure data-parallel axis.
+      fsdp: size of the fully-sharded data-parallel axis; -1 = every device not used by `data` and `tensor`.
+      tensor: size of the tensor-parallel axis (must divide query heads, KV heads, MLP width and vocabulary).
+      coordinator_address: "host:port" of process 0 for multi-host runs; None = single host, or let
+        jax.distributed discover it from the cluster environment (SLURM, Open MPI, Kubernetes).
+      num_processes: number of processes (hosts) of a multi-host run; None = discover.
+      process_id: this process's index; None = discover.
+    """
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
 
 
 def parse_indices(value: Any, name: str) -> list[int] | None:

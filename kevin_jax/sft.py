@@ -12,7 +12,8 @@ Examples come from JSONL files, one JSON object per line, in one of three forms:
 The response is the text the model writes after the generation prompt (for QwQ's template: inside the opened
 <think>, so "thought </think> answer"), followed by the end-of-turn token. The loss is the mean negative
 log-likelihood of the response tokens (prompt tokens masked: rl.batch puts the loss only on response targets),
-averaged over the step's examples, optimised with Adam (clipped, warm-up then cosine decay: `optimizer`).
+averaged over the step's examples, optimised with Adam (clipped, warm-up then cosine decay, as the warm_start
+section says: `learning_rate_schedule` and the RL update's own kevin_jax.rl.state.optimizer).
 
 The warm start (config section `warm_start`) is this fine-tuning before RL, so that the small configs' randomly
 initialised policies write real kernels from step 1 and every part of the loop (compile, run, time, reward, update)
@@ -50,7 +51,8 @@ from kevin_jax.multihost import to_host
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl.loss import RLConfig
-from kevin_jax.rl.state import Updater, init_state
+from kevin_jax.rl.state import Updater, init_state, optimizer
+from kevin_jax.run_config import WarmStartConfig
 from kevin_jax.tasks import Task, builtin_solutions
 
 log = logging.getLogger(__name__)
@@ -254,18 +256,12 @@ def _nll_loss(graphdef, mesh, rl: RLConfig):
     return loss
 
 
-def learning_rate_schedule(learning_rate: float, steps: int) -> optax.Schedule:
-    """A linear warm-up (a tenth of the steps, at most 50) then a cosine decay to a tenth of the peak: a randomly
-    initialised policy at a memorising learning rate diverges without the warm-up, and the decay lets the last steps
-    settle on the answers rather than bounce around them."""
-    warmup = max(1, min(50, steps // 10))
-    return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(steps, warmup + 1),
-                                              end_value=learning_rate / 10)
-
-
-def optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
-    """Adam after a global-norm clip, on `learning_rate_schedule`."""
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate_schedule(learning_rate, steps)))
+def learning_rate_schedule(config: WarmStartConfig) -> optax.Schedule:
+    """A linear warm-up over warmup_fraction of the steps (at least one, at most max_warmup_steps), then a cosine
+    decay to final_learning_rate_fraction of the peak (WarmStartConfig says why)."""
+    warmup = max(1, min(config.max_warmup_steps, int(config.warmup_fraction * config.steps)))
+    return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, warmup, max(config.steps, warmup + 1),
+                                              end_value=config.learning_rate * config.final_learning_rate_fraction)
 
 
 def batch_order(lengths: Sequence[int], batch_size: int, steps: int, seed: int,
@@ -292,11 +288,11 @@ def batch_order(lengths: Sequence[int], batch_size: int, steps: int, seed: int,
     return order[:steps]
 
 
-def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RLConfig, *, steps: int,
-              learning_rate: float, batch_size: int, seed: int, length_buckets: int = 0,
-              log_prefix: str = "sft") -> tuple[Any, dict]:
-    """Adam on the mean response NLL; every step uses a seeded batch of `batch_size` samples (batch_order: random, or
-    length-bucketed with `length_buckets`), packed into micro-batches with the RL update's layout
+def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RLConfig, config: WarmStartConfig,
+              seed: int, log_prefix: str = "sft") -> tuple[Any, dict]:
+    """Adam on the mean response NLL for config.steps steps (config: the optimiser and its schedule, the batches);
+    every step uses a seeded batch of config.batch_size samples (batch_order: random, or length-bucketed with
+    config.length_buckets), packed into micro-batches with the RL update's layout
     (rl.micro_batch_tokens, rl.pack, rl.row_len) and accumulated by the RL update's Updater (kevin_jax.rl.state) with
     this loss.
     Each log line also gives the seconds per step since the previous line, real tokens per second, the share of
@@ -306,13 +302,14 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
     prefix/seconds_per_step, tokens_per_second, padding_fraction, host_fraction, mfu (where the peak is known)})."""
     if not samples:
         raise ValueError("fine_tune: no samples")
-    tx = optimizer(learning_rate, steps)
+    steps, schedule = config.steps, learning_rate_schedule(config)
+    tx = optimizer(schedule, grad_clip_norm=config.grad_clip_norm)
     # donate_state=False: the caller's parameters stay valid (the first step would otherwise consume them)
-    updater = Updater(graphdef, tx, learning_rate_schedule(learning_rate, steps), rl, mesh,
+    updater = Updater(graphdef, tx, schedule, rl, mesh,
                       loss=_nll_loss(graphdef, mesh, rl), donate_state=False)
     state = init_state(params, tx)
     divisor = mesh.shape["data"] * mesh.shape["fsdp"]
-    batches = batch_order([len(s) for s in samples], batch_size, steps, seed, length_buckets)
+    batches = batch_order([len(s) for s in samples], config.batch_size, steps, seed, config.length_buckets)
     flops = logs.FlopModel.of(nnx.merge(graphdef, params).config)
     peak = logs.peak_flops(jax.devices()[0].device_kind)
 
@@ -352,40 +349,6 @@ def fine_tune(graphdef, params, samples: Sequence[rl_batch.Sample], mesh, rl: RL
 
 
 # ---------------------------------------------------------------------------------------------------- warm start
-@dataclasses.dataclass
-class WarmStartConfig:
-    """Supervised warm start (config section `warm_start`).
-
-    steps: Adam steps on the examples (0 = no warm start).
-    learning_rate: Adam learning rate.
-    batch_size: examples per step (seeded; chosen as length_buckets says).
-    length_buckets: 0 = each batch a random choice; K > 0 = epochs in which each run of K x batch_size shuffled
-      examples is sorted by length and cut into batches (less padding per batch; sft.batch_order).
-    corpus: "" = the built-in correct solutions, first turn only; "builtin" = the shipped warm-start corpus
-      (kevin_jax/data/warm_start_corpus.jsonl: correct, wrong and non-compiling answers, refinement turns); or the
-      path of a JSONL file in any form this module reads.
-    solution_tasks: comma-separated task ids whose examples are used; "" = every training task that has one.
-    answer_every_prompt: pair the chosen solutions with the first-turn prompt of EVERY training task (for tiny models
-      that cannot tell prompts apart anyway: they learn one answer); False = each solution with its own task.
-      Only with corpus="".
-    """
-    steps: int = 0
-    learning_rate: float = 1e-3
-    batch_size: int = 8
-    length_buckets: int = 0
-    corpus: str = ""
-    solution_tasks: str = ""
-    answer_every_prompt: bool = False
-
-    def __post_init__(self):
-        if self.steps < 0 or self.learning_rate <= 0 or self.batch_size <= 0 or self.length_buckets < 0:
-            raise ValueError("warm_start.steps and length_buckets must be >= 0, warm_start.learning_rate and "
-                             "batch_size positive")
-        if self.corpus and self.answer_every_prompt:
-            raise ValueError("warm_start.answer_every_prompt applies to the built-in solutions only (corpus=\"\"); "
-                             f"got corpus={self.corpus!r}")
-
-
 def _wanted_tasks(config: WarmStartConfig, by_id: dict) -> list[str]:
     wanted = [s.strip() for s in config.solution_tasks.split(",") if s.strip()]
     unknown = [t for t in wanted if t not in by_id]
@@ -444,6 +407,4 @@ def warm_start(graphdef, params, config: WarmStartConfig, samples: Sequence[rl_b
                rl: RLConfig, seed: int) -> tuple[Any, dict]:
     """Adam on the mean answer NLL (fine_tune); scalars warm_start/{first,last}_nll, examples and the speed
     report."""
-    return fine_tune(graphdef, params, samples, mesh, rl, steps=config.steps, learning_rate=config.learning_rate,
-                     batch_size=config.batch_size, seed=seed, length_buckets=config.length_buckets,
-                     log_prefix="warm_start")
+    return fine_tune(graphdef, params, samples, mesh, rl, config, seed, log_prefix="warm_start")

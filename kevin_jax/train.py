@@ -130,7 +130,7 @@ def _gather_trajectories(local: list[Trajectory]) -> list[Trajectory]:
     return [Trajectory.from_dict(d) for part in parts for d in part]
 
 
-def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int,
+def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int, advantage: advantages.AdvantageConfig,
                  compile_only_score: float | None) -> tuple[list[Trajectory], dict]:
     """This host's share of `tasks` rolled out, then everyone's trajectories gathered (same order on every host) and
     their returns and advantages assigned; with a compile_only_score, from that proxy score of every kernel that
@@ -145,9 +145,9 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int,
     order = {t.task_id: i for i, t in enumerate(tasks)}
     trajectories.sort(key=lambda t: (order[t.task_id], t.traj_index))
     if compile_only_score is None:
-        advantages.assign_returns(trajectories, runner.reward)
+        advantages.assign_returns(trajectories, runner.reward, advantage)
     else:
-        rollout_stats.compile_only_rescore(trajectories, runner.reward, compile_only_score)
+        rollout_stats.compile_only_rescore(trajectories, runner.reward, advantage, compile_only_score)
     return trajectories, times
 
 
@@ -301,7 +301,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
             step_tasks = [task_by_id[i] for i in sampler_tasks.tasks_for_step(step)]
             t0 = time.perf_counter()
-            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, proxy_score)
+            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage, proxy_score)
             rollout_s = time.perf_counter() - t0
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
@@ -415,7 +415,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
                 runner.env = dataclasses.replace(spec.env, num_trajectories=spec.holdout.num_trajectories,
                                                  max_response_tokens=spec.max_response_tokens(step))
-                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed), proxy_score)
+                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed), spec.advantage,
+                                        proxy_score)
                 scalars = {f"holdout/{k}": v for k, v in rollout_stats.rollout_scalars(
                     held, spec.env.num_turns, spec.log.thought_prefix).items()}
                 scalars["time/holdout"] = time.perf_counter() - t0

@@ -18,6 +18,8 @@ from ml_collections import config_flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)      # configs/*.py import configs.common
 
+from kevin_jax import run_config  # noqa: E402  (no jax: the GPU placement is set before JAX starts)
+
 _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(REPO_ROOT, "configs", "one_gpu.py"),
                                           "Run config (an ml_collections config file).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, TensorBoard, trajectories.",
@@ -44,4 +46,7 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    renamed = run_config.renamed_overrides(sys.argv)     # config_flags would only call the old name unknown
+    if renamed:
+        sys.exit("FATAL Flags parsing error: " + "; ".join(renamed))
     app.run(main)

@@ -9,11 +9,12 @@
 #   bash runs/demo.sh summary                    # the tables, summary.json and PNGs of every run in $RUNS -> $OUT
 #   bash runs/demo.sh eval NAME|sft              # launch/eval.py on a run's newest checkpoint, or on the warm start
 #
-# With no stage: `sft`, then `rl kl_seed$SEED $SEED --config.reward.baseline=turn_mean --config.rl.kl_coef=0.1` (the
-# recipe that passed in both seeds), then `summary`. Other recipes of docs/LOG.md are overrides of the rl stage, e.g.
-# single-turn at the same 120 kernels per step: `rl single_seed0 0 --config.env.num_turns=1
-# --config.env.num_trajectories=8 --config.reward.aggregation=single_turn`. Several seeds on a machine with several
-# GPUs: one process per GPU, `CUDA_VISIBLE_DEVICES=1 SEED=1 bash runs/demo.sh` (the evaluator uses the visible GPU).
+# With no stage: `sft`, then `rl kl_seed$SEED $SEED --config.advantage.baseline=turn_mean --config.rl.kl_coef=0.1`
+# (the recipe that passed in both seeds), then `summary`. Other recipes of docs/LOG.md are overrides of the rl stage,
+# e.g. single-turn at the same 120 kernels per step: `rl single_seed0 0 --config.env.num_turns=1
+# --config.env.num_trajectories=8 --config.reward.return_aggregation=single_turn`. Several seeds on a machine with
+# several GPUs: one process per GPU, `CUDA_VISIBLE_DEVICES=1 SEED=1 bash runs/demo.sh` (the evaluator uses the visible
+# GPU).
 # Long: start it under nohup (`nohup bash runs/demo.sh > demo.log 2>&1 &`) or in tmux; every stage resumes or
 # skips what an earlier run of it finished.
 #
@@ -74,7 +75,7 @@ case "$stage" in
     $PY analysis/warm_start_demo_summary.py $dirs "$@" --out "$OUT" ;;
   all)
     bash "$0" sft || exit $?
-    bash "$0" rl "kl_seed$SEED" "$SEED" --config.reward.baseline=turn_mean --config.rl.kl_coef=0.1 || exit $?
+    bash "$0" rl "kl_seed$SEED" "$SEED" --config.advantage.baseline=turn_mean --config.rl.kl_coef=0.1 || exit $?
     bash "$0" summary ;;
   *) echo "unknown stage $stage (sft | rl NAME SEED | summary | eval NAME | all)"; exit 2 ;;
 esac

@@ -6,14 +6,14 @@
 #     measurements in SPEEDUPS=<json> (kevin_jax/data/builtin_speedups.json: the shipped H100 measurements);
 #  2. a warm-start corpus from them (scripts/make_warm_start_corpus.py --speedups: the fast variant of each measured
 #     pair in 20% of the correct first answers and of the answers after a correct slow kernel), in the run's folder;
-#  3. the demo's warm start on it (300 steps), then multi-turn RL as runs/demo.sh's recipe (reward.baseline=turn_mean,
-#     rl.kl_coef=0.1, 15 tasks x 2 trajectories x 4 turns per step, lr 2e-5);
+#  3. the demo's warm start on it (300 steps), then multi-turn RL as runs/demo.sh's recipe
+#     (advantage.baseline=turn_mean, rl.kl_coef=0.1, 15 tasks x 2 trajectories x 4 turns per step, lr 2e-5);
 #  4. the summary with the speed tables and the speed criterion (analysis/warm_start_demo_summary.py --speedups).
 #
 #   SEED=0 SPEEDUPS=kevin_jax/data/builtin_speedups.json bash runs/speed_demo.sh
 #   SEED=1 SPEEDUPS=kevin_jax/data/builtin_speedups.json bash runs/speed_demo.sh
 #   RUN=single_seed0 SEED=0 SPEEDUPS=kevin_jax/data/builtin_speedups.json RL_EXTRA="--config.env.num_turns=1 \
-#       --config.env.num_trajectories=8 --config.reward.aggregation=single_turn" bash runs/speed_demo.sh
+#       --config.env.num_trajectories=8 --config.reward.return_aggregation=single_turn" bash runs/speed_demo.sh
 # The last is the single-turn comparison at the same 120 kernels per step. Side by side on a machine with several
 # GPUs: one per GPU (CUDA_VISIBLE_DEVICES=k), each with a RUN of its own; start them under nohup or in tmux. Then all
 # runs in one summary: `python analysis/warm_start_demo_summary.py workdirs/speed_demo_seed0/speed_seed0
@@ -42,6 +42,6 @@ elif [ ! -f "$speedups" ]; then
 fi
 $PY scripts/make_warm_start_corpus.py --speedups "$speedups" --fast-share 0.2 --out "$RUNS/corpus.jsonl" || exit 1
 SFT_STEPS=300 bash runs/demo.sh sft --config.warm_start.corpus="$RUNS/corpus.jsonl" || exit $?
-RL_STEPS=${RL_STEPS:-7} bash runs/demo.sh rl "speed_$RUN" "$SEED" --config.reward.baseline=turn_mean \
+RL_STEPS=${RL_STEPS:-7} bash runs/demo.sh rl "speed_$RUN" "$SEED" --config.advantage.baseline=turn_mean \
   --config.rl.kl_coef=0.1 ${RL_EXTRA:-} || exit $?
 $PY analysis/warm_start_demo_summary.py "$RUNS/speed_$RUN" --speedups "$speedups" --out "$OUT"

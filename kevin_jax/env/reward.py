@@ -3,9 +3,10 @@
 - Score of one kernel: S = w * correct + f(speedup) * correct, w = 0.3, f = identity by default; 0 for a format
   failure (seen by our parse or by the evaluator) or any hack flag (a flagged kernel is not correct, whatever the
   trials said).
-The environment scores every turn it plays; returns and advantages are RL's (kevin_jax.rl.advantages, configured by
-the same section). Pure Python on plain data: verdicts are `EvalResult.to_dict()` dicts (or anything with the same
-attributes), so saved trajectories can be re-scored without the evaluator.
+The environment scores every turn it plays; returns (configured here too: gamma, return_aggregation) and advantages
+(the `advantage` section) are RL's: kevin_jax.rl.advantages. Pure Python on plain data: verdicts are
+`EvalResult.to_dict()` dicts (or anything with the same attributes), so saved trajectories can be re-scored without
+the evaluator.
 """
 from __future__ import annotations
 
@@ -14,42 +15,35 @@ import math
 from typing import Any, Mapping
 
 SPEEDUP_TRANSFORMS = ("identity", "log", "clip")
-AGGREGATIONS = ("sum", "max", "single_turn")
-BASELINES = ("mean", "leave_one_out", "turn_mean")
+RETURN_AGGREGATIONS = ("sum", "max", "single_turn")
 
 
 @dataclasses.dataclass
 class RewardConfig:
-    """Rewards, returns and advantages (config section `reward`).
+    """What a turn is worth: its kernel's score and its return (config section `reward`).
 
     correct_weight: w in S = w * correct + f(speedup) * correct (Kevin: 0.3).
     speedup_transform: f: "identity" (Kevin), "log" (natural log of the speedup; negative below 1x), or "clip"
       (min(speedup, speedup_clip)).
     speedup_clip: the cap of "clip".
     gamma: discount of later turns in the return (Kevin: 0.4).
-    aggregation: "sum" (Kevin) or "max" over discounted later scores, or "single_turn" (R_t = S_t).
-    normalize_std: divide advantages by the per-task std of returns (Kevin: yes; Dr. GRPO: no).
-    baseline: "mean" of the task's returns (Kevin), "leave_one_out" (the mean of the other samples), or "turn_mean"
-      (the mean of the task's samples at the same turn; see kevin_jax.rl.advantages).
-    std_eps: added to the std before dividing.
+    return_aggregation: how a turn's return combines its own and the later turns' discounted scores: "sum" (Kevin),
+      "max", or "single_turn" (R_t = S_t: every turn its own sample). (How the loss combines tokens is
+      rl.loss_aggregation.)
     """
     correct_weight: float = 0.3
     speedup_transform: str = "identity"
     speedup_clip: float = 10.0
     gamma: float = 0.4
-    aggregation: str = "sum"
-    normalize_std: bool = True
-    baseline: str = "mean"
-    std_eps: float = 1e-6
+    return_aggregation: str = "sum"
 
     def __post_init__(self):
         if self.speedup_transform not in SPEEDUP_TRANSFORMS:
             raise ValueError(f"reward.speedup_transform must be one of {SPEEDUP_TRANSFORMS}, got "
                              f"{self.speedup_transform!r}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"reward.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-        if self.baseline not in BASELINES:
-            raise ValueError(f"reward.baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if self.return_aggregation not in RETURN_AGGREGATIONS:
+            raise ValueError(f"reward.return_aggregation must be one of {RETURN_AGGREGATIONS}, got "
+                             f"{self.return_aggregation!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"reward.gamma must be in [0, 1], got {self.gamma}")
         if self.speedup_clip <= 0:

@@ -24,7 +24,7 @@ from kevin_jax.env.parse import parse_response
 from kevin_jax.env.prompts import first_turn_text
 from kevin_jax.evaluation.records import InputReport, RecordError, check_known_tasks, read_jsonl
 from kevin_jax.env.reward import RewardConfig
-from kevin_jax.rl.advantages import assign_returns
+from kevin_jax.rl.advantages import AdvantageConfig, assign_returns
 from kevin_jax.tasks.kernelbench import Task
 
 KNOWN_KEYS = {"task_id", "task", "turn", "response", "trajectory", "traj_index", "model", "stop_reason"}
@@ -110,9 +110,10 @@ def _group(responses: Sequence[ExternalResponse]) -> dict[tuple[str, int], list[
 
 
 def evaluate_external(responses: Sequence[ExternalResponse], tasks: Mapping[str, Task], evaluator: Any,
-                      reward: RewardConfig, max_summary_chars: int = 2000) -> list[Trajectory]:
+                      reward: RewardConfig, advantage: AdvantageConfig,
+                      max_summary_chars: int = 2000) -> list[Trajectory]:
     """Contract-4 trajectories of the responses (no tokens: they were not sampled here), every answer parsed as
-    ours are and evaluated in one evaluator call, then scored with `reward`."""
+    ours are and evaluated in one evaluator call, then scored with `reward` (returns) and `advantage`."""
     if not responses:
         raise ValueError("no external responses to evaluate")
     check_known_tasks({r.task_id for r in responses}, tasks, "the external responses")
@@ -133,7 +134,7 @@ def evaluate_external(responses: Sequence[ExternalResponse], tasks: Mapping[str,
         raise RuntimeError(f"the evaluator returned {len(results)} results for {len(requests)} requests")
     for turn, result in zip(turns, results):
         turn.verdict = result.to_dict() if hasattr(result, "to_dict") else dict(result)
-    assign_returns(trajectories, reward)
+    assign_returns(trajectories, reward, advantage)
     return trajectories
 
 

@@ -216,7 +216,7 @@ def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task]
     else:
         result = runner.run(tasks, step=step, seed=options.seed)
         out.update(trajectories=result.trajectories, rounds=result.rounds)
-    advantages.assign_returns(out["trajectories"], spec.reward)
+    advantages.assign_returns(out["trajectories"], spec.reward, spec.advantage)
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -263,7 +263,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
         if options.rescore:
             trajectories, input_report = records.load_trajectories(options.rescore)
             records.check_known_tasks({t.task_id for t in trajectories}, by_id, options.rescore)
-            trajectories = advantages.rescore(trajectories, spec.reward)
+            trajectories = advantages.rescore(trajectories, spec.reward, spec.advantage)
             meta.update(source=f"saved verdicts of {options.rescore}", step=trajectories[0].step)
             mode = None
             dependent = is_beam_search(trajectories)
@@ -274,7 +274,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
             t0 = time.perf_counter()
             trajectories = episode.reevaluate(trajectories, evaluator_or_default(), by_id, spec.reward,
                                               spec.env.max_summary_chars)
-            advantages.assign_returns(trajectories, spec.reward)
+            advantages.assign_returns(trajectories, spec.reward, spec.advantage)
             meta.update(source=f"responses of {options.reevaluate}, evaluated again", step=trajectories[0].step,
                         times={"evaluation_s": time.perf_counter() - t0})
             mode = _evaluator_mode(evaluator)
@@ -282,7 +282,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
             responses, input_report = external_lib.load_external(options.external, by_id)
             t0 = time.perf_counter()
             trajectories = external_lib.evaluate_external(responses, by_id, evaluator_or_default(), spec.reward,
-                                                          spec.env.max_summary_chars)
+                                                          spec.advantage, spec.env.max_summary_chars)
             meta.update(source=f"external responses {options.external}", step=0,
                         times={"evaluation_s": time.perf_counter() - t0})
             mode = _evaluator_mode(evaluator)

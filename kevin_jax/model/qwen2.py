@@ -33,18 +33,17 @@ from flax import nnx, struct
 from jax.ad_checkpoint import checkpoint_name
 
 from kevin_jax import parallel
+from kevin_jax.model.config import ModelOptions
 from kevin_jax.model.shapes import Qwen2Config
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # Checkpoint name of what the cuDNN flash attention's backward pass needs (q, k, v after RoPE, the output and the
 # softmax statistics; O(T) memory). Saving it keeps the backward pass from re-running the attention forward kernel.
 ATTENTION_RESIDUALS = "attention_residuals"
 
-# Remat policies for the scanned layer body. "full" keeps only each layer's input (the least memory); "none" keeps
-# everything (the most); the others save matmul outputs so that the backward pass recomputes less. Note that jax's
-# dots policies do not see the cuDNN attention (a custom call, not a dot): without ATTENTION_RESIDUALS among the saved
-# names the backward pass runs the attention forward a second time.
+# Remat policies for the scanned layer body, by name (model.config.REMAT_POLICY_NAMES). "full" keeps only each layer's
+# input (the least memory); "none" keeps everything (the most); the others save matmul outputs so that the backward
+# pass recomputes less. Note that jax's dots policies do not see the cuDNN attention (a custom call, not a dot):
+# without ATTENTION_RESIDUALS among the saved names the backward pass runs the attention forward a second time.
 _policies = jax.checkpoint_policies
 REMAT_POLICIES: dict[str, Any] = {
     "none": None,
@@ -62,61 +61,11 @@ REMAT_POLICIES: dict[str, Any] = {
     "attn_out": _policies.save_only_these_names("attention_out", ATTENTION_RESIDUALS),
 }
 
-ATTENTION_IMPLS = ("auto", "cudnn", "xla", "chunked")
-
 # Longest sequence for which "auto" uses XLA's dense attention when cuDNN does not apply.
 _XLA_MAX_LENGTH = 4096
 
 # A large finite negative for masked logits (finite so that fully-masked padding rows give no NaN).
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelOptions:
-    """How the model runs (none of this changes the checkpoint).
-
-    Attributes:
-      dtype: compute dtype of activations and matmuls ("bfloat16" for training, "float32" for parity tests).
-      param_dtype: storage dtype of parameters ("float32" master weights, or "bfloat16" to halve their memory).
-      remat: rematerialisation policy of the scanned layer body: one of REMAT_POLICIES.
-      attention: "auto" (cuDNN flash on GPU for right-padded bf16/fp16 batches; otherwise XLA up to 4096 tokens and
-        "chunked" beyond), "cudnn", "xla" (materialises [B, H, T, T] scores), or "chunked" (pure-JAX blockwise
-        attention over query chunks, O(T * attention_chunk) memory; runs anywhere, e.g. packed batches on GPU,
-        long sequences on CPU, AOT memory plans).
-      attention_chunk: query-chunk length of the "chunked" attention.
-      matmul_precision: "default" or "highest" (full fp32 matmuls on GPU, for parity checks).
-      scan_layers: True runs the decoder layers with jax.lax.scan (one compiled layer body: compile time independent
-        of depth); False unrolls them into a Python loop. Unrolled, the activations saved for the backward pass are
-        separate buffers instead of slices of [num_layers, ...] stacks that the scan zero-fills and copies into (on an
-        H200 that traffic is ~5% of a qwen2.5-1.5B training step), at the price of compile time growing with depth.
-    """
-    dtype: str = "bfloat16"
-    param_dtype: str = "float32"
-    remat: str = "full"
-    attention: str = "auto"
-    attention_chunk: int = 512
-    matmul_precision: str = "default"
-    scan_layers: bool = True
-
-    def __post_init__(self):
-        for name, allowed in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT_POLICIES),
-                              ("attention", ATTENTION_IMPLS), ("matmul_precision", ("default", "highest"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"ModelOptions.{name}={getattr(self, name)!r}; choose one of {sorted(allowed)}")
-        if self.attention_chunk <= 0:
-            raise ValueError(f"ModelOptions.attention_chunk must be positive, got {self.attention_chunk}")
-
-    @property
-    def compute_dtype(self):
-        return DTYPES[self.dtype]
-
-    @property
-    def storage_dtype(self):
-        return DTYPES[self.param_dtype]
-
-    @property
-    def precision(self):
-        return jax.lax.Precision.HIGHEST if self.matmul_precision == "highest" else None
 
 
 # ------------------------------------------------------------------------------------------------ attention

@@ -1,7 +1,7 @@
 """Qwen2-family architecture configs: the numbers a Hugging Face config.json holds, plus named presets.
 
 `Qwen2Config` describes only the architecture (what a checkpoint must match). How the model runs (dtypes, remat,
-attention kernel) lives in `kevin_jax.model.qwen2.ModelOptions`.
+attention kernel) lives in `kevin_jax.model.config.ModelOptions`.
 """
 from __future__ import annotations
 

@@ -1,20 +1,22 @@
 """What each turn is worth to the update: multi-turn returns and per-task normalised advantages (Kevin), from the
-scores the environment gives each turn (kevin_jax.env.reward).
+scores the environment gives each turn (kevin_jax.env.reward), and the `advantage` config section.
 
-- Return of turn t of a trajectory: R_t = sum_{i>=t} gamma^(i-t) S_i ("sum", gamma = 0.4 in Kevin) or
-  R_t = max_{i>=t} gamma^(i-t) S_i ("max"); "single_turn" makes every turn its own sample (R_t = S_t).
-- Advantages: per task, over all turn-samples of all its trajectories (16 x 4 = 64 in Kevin): (R - baseline) / std,
-  baseline = the group mean, or for each sample the mean of the others ("leave_one_out"), or the mean of the task's
-  samples at the same turn ("turn_mean"); std is always the task's; `normalize_std=False` drops the std division
-  (Dr. GRPO). Why "turn_mean": with one baseline for all turns, an early turn's return sums more discounted scores
-  than a late one's, so the last turn's samples get a negative advantage on average (about -0.3 to -0.6 std at
-  every step of the demo runs, while last-turn kernels got worse: docs/LOG.md, "Kevin's one baseline for all turns
-  pushes the last turn down at every step"). A per-turn baseline removes
-  that offset and keeps the std (the step size) of the whole task.
+- Return of turn t of a trajectory (reward.gamma, reward.return_aggregation): R_t = sum_{i>=t} gamma^(i-t) S_i
+  ("sum", gamma = 0.4 in Kevin) or R_t = max_{i>=t} gamma^(i-t) S_i ("max"); "single_turn" makes every turn its own
+  sample (R_t = S_t).
+- Advantages (the `advantage` section): per task, over all turn-samples of all its trajectories (16 x 4 = 64 in
+  Kevin): (R - baseline) / std, baseline = the group mean, or for each sample the mean of the others
+  ("leave_one_out"), or the mean of the task's samples at the same turn ("turn_mean"); std is always the task's;
+  `normalize_std=False` drops the std division (Dr. GRPO). Why "turn_mean": with one baseline for all turns, an early
+  turn's return sums more discounted scores than a late one's, so the last turn's samples get a negative advantage on
+  average (about -0.3 to -0.6 std at every step of the demo runs, while last-turn kernels got worse: docs/LOG.md,
+  "Kevin's one baseline for all turns pushes the last turn down at every step"). A per-turn baseline removes that
+  offset and keeps the std (the step size) of the whole task.
 Pure numpy on plain data, so saved trajectories can be re-scored without the evaluator (`rescore`).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
@@ -22,18 +24,38 @@ import numpy as np
 from kevin_jax.env.episode import Trajectory
 from kevin_jax.env.reward import RewardConfig, turn_score
 
+BASELINES = ("mean", "leave_one_out", "turn_mean")
+
+
+@dataclasses.dataclass
+class AdvantageConfig:
+    """How a task's returns become advantages (config section `advantage`).
+
+    baseline: subtracted from each return: "mean" of the task's returns (Kevin), "leave_one_out" (the mean of the
+      other samples), or "turn_mean" (the mean of the task's samples at the same turn; the module docstring says why).
+    normalize_std: divide by the per-task std of returns (Kevin: yes; Dr. GRPO: no).
+    std_eps: added to the std before dividing.
+    """
+    baseline: str = "mean"
+    normalize_std: bool = True
+    std_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.baseline not in BASELINES:
+            raise ValueError(f"advantage.baseline must be one of {BASELINES}, got {self.baseline!r}")
+
 
 def discounted_returns(scores: Sequence[float], config: RewardConfig) -> np.ndarray:
     """R_t of one trajectory's per-turn scores."""
     scores = np.asarray(scores, dtype=np.float64)
-    if config.aggregation == "single_turn":
+    if config.return_aggregation == "single_turn":
         return scores.copy()
     returns = np.empty_like(scores)
     later = None
     for t in range(len(scores) - 1, -1, -1):
         if later is None:
             returns[t] = scores[t]
-        elif config.aggregation == "sum":
+        elif config.return_aggregation == "sum":
             returns[t] = scores[t] + config.gamma * later
         else:  # max_{i>=t} gamma^(i-t) S_i = max(S_t, gamma * R_{t+1})
             returns[t] = max(scores[t], config.gamma * later)
@@ -41,7 +63,7 @@ def discounted_returns(scores: Sequence[float], config: RewardConfig) -> np.ndar
     return returns
 
 
-def normalized_advantages(returns: Sequence[float], config: RewardConfig,
+def normalized_advantages(returns: Sequence[float], config: AdvantageConfig,
                           turns: Sequence[int] | None = None) -> np.ndarray:
     """Advantages of one group (all turn-samples of one task); `turns` (each sample's turn index) is needed by the
     "turn_mean" baseline only."""
@@ -53,7 +75,7 @@ def normalized_advantages(returns: Sequence[float], config: RewardConfig,
         baseline = (r.sum() - r) / (n - 1) if n > 1 else r  # one sample: nothing to compare with, advantage 0
     elif config.baseline == "turn_mean":
         if turns is None or len(turns) != n:
-            raise ValueError(f"reward.baseline='turn_mean' needs the turn index of each of the {n} samples, got "
+            raise ValueError(f"advantage.baseline='turn_mean' needs the turn index of each of the {n} samples, got "
                              f"{None if turns is None else len(turns)}")
         t = np.asarray(turns)
         baseline = np.empty(n)
@@ -67,7 +89,7 @@ def normalized_advantages(returns: Sequence[float], config: RewardConfig,
     return adv
 
 
-def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], config: RewardConfig,
+def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], config: AdvantageConfig,
                      turns: Sequence[int] | None = None) -> np.ndarray:
     """Advantages of a flat batch of turn-samples, normalised within each group (task id); `turns` as in
     normalized_advantages."""
@@ -85,25 +107,26 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], confi
     return out
 
 
-def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
+def assign_returns(trajectories: Sequence[Trajectory], reward: RewardConfig, advantage: AdvantageConfig,
                    score_of: Callable[[Any], float] | None = None) -> None:
     """Fills score, return and advantage of every turn in place: each turn scored from its saved parse and verdict
     (the environment's turn_score, or `score_of(turn)`, e.g. compile-only runs), returns within each trajectory,
     advantages over all turn-samples of the same task."""
     returns, groups, turns = [], [], []
     for traj in trajectories:
-        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, config) for t in traj.turns]
-        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, config)):
+        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, reward) for t in traj.turns]
+        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, reward)):
             t.score, t.return_ = float(s), float(r)
             returns.append(r)
             groups.append(traj.task_id)
             turns.append(t)
-    for t, a in zip(turns, group_advantages(returns, groups, config, [t.turn for t in turns])):
+    for t, a in zip(turns, group_advantages(returns, groups, advantage, [t.turn for t in turns])):
         t.advantage = float(a)
 
 
-def rescore(trajectories: Sequence[Trajectory], config: RewardConfig) -> list[Trajectory]:
-    """Copies of the trajectories, re-scored from their saved verdicts under `config` (no evaluator needed)."""
+def rescore(trajectories: Sequence[Trajectory], reward: RewardConfig,
+            advantage: AdvantageConfig) -> list[Trajectory]:
+    """Copies of the trajectories, re-scored from their saved verdicts under these sections (no evaluator needed)."""
     out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
-    assign_returns(out, config)
+    assign_returns(out, reward, advantage)
     return out

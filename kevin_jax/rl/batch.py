@@ -60,7 +60,7 @@ def make_samples(trajectories: Iterable, config: RLConfig, constant_length: int)
             get = (lambda k: t[k]) if isinstance(t, dict) else (lambda k: getattr(t, k))
             samples.append(Sample(list(get("prompt_tokens")), list(get("response_tokens")),
                                   list(get("response_logprobs")), float(get("advantage"))))
-    weights = aggregation_weights(np.array([len(s.response_tokens) for s in samples]), config.aggregation,
+    weights = aggregation_weights(np.array([len(s.response_tokens) for s in samples]), config.loss_aggregation,
                                   constant_length)
     for s, w in zip(samples, weights):
         s.weight = float(w)

@@ -18,82 +18,13 @@ Old log-probs (`RLConfig.old_logprobs`):
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-AGGREGATIONS = ("constant_length", "token_mean", "sequence_mean")
-OLD_LOGPROBS = ("sampler", "trainer")
-
-
-@dataclasses.dataclass
-class RLConfig:
-    """The policy update (config section `rl`).
-
-    tasks_per_step: tasks drawn per RL step (Kevin: 8); each gets env.num_trajectories trajectories.
-    updates_per_batch: gradient steps per batch of rollouts (Kevin: 2; the first on-policy, the rest off-policy).
-    clip_eps_low, clip_eps_high: the PPO ratio is clipped to [1 - eps_low, 1 + eps_high] (clip-higher: 0.2 / 0.28).
-    aggregation: how token losses become the batch loss: "constant_length" (Dr. GRPO, Kevin: sum over tokens /
-      (samples * constant_length)), "token_mean" (sum / all model tokens of the batch), "sequence_mean" (mean over
-      each sample's tokens, then over samples).
-    constant_length: the constant of "constant_length"; 0 = the largest max_response_tokens of the run.
-    kl_coef: weight of the k3 KL estimate to the reference policy (the initial parameters); 0 = off (Kevin), and then
-      no reference copy is kept.
-    old_logprobs: "sampler" or "trainer" (see the module docstring).
-    tis_cap: truncated importance-sampling cap for old_logprobs="trainer"; 0 = off.
-    skip_zero_advantage: leave samples with advantage 0 out of the update (with kl_coef 0 they add nothing to the
-      loss or gradient: pure savings; they still count in the aggregation's denominators).
-    micro_batch_tokens: tokens (rows x row length) per micro-batch; gradients are accumulated over micro-batches.
-    pack: pack several samples per row (segment ids); False = one sample per right-padded row (cuDNN attention).
-    row_len: tokens per row; 0 = automatic: a power of two >= the longest sample of the batch (at least
-      min_row_len), so a run compiles the update for a handful of shapes. A fixed row_len (>= sampler.max_seq_len)
-      means one shape for the whole run and less padding than powers of two at long lengths (Kevin's 40k context).
-    min_row_len: shortest automatic row length.
-    logprob_chunk: positions per logits chunk in the log-prob computation (memory ~ rows * chunk * vocab * 4 B).
-    compile_only_score: without a GPU (compile-only verdicts: nothing runs, correctness is unknown) the reward is
-      replaced by this score for a kernel that compiled, so that the CPU loop has a learning signal. Every metric of
-      such a run is tagged compile_only/. Ignored with a GPU.
-    """
-    tasks_per_step: int = 8
-    updates_per_batch: int = 2
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    aggregation: str = "constant_length"
-    constant_length: int = 0
-    kl_coef: float = 0.0
-    old_logprobs: str = "sampler"
-    tis_cap: float = 0.0
-    skip_zero_advantage: bool = True
-    micro_batch_tokens: int = 65536
-    pack: bool = True
-    row_len: int = 0
-    min_row_len: int = 256
-    logprob_chunk: int = 1024
-    compile_only_score: float = 0.3
-
-    def __post_init__(self):
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"rl.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
-        if self.old_logprobs not in OLD_LOGPROBS:
-            raise ValueError(f"rl.old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}")
-        if self.tis_cap and self.old_logprobs != "trainer":
-            raise ValueError("rl.tis_cap corrects the trainer's old log-probs towards the sampler's: it needs "
-                             "rl.old_logprobs='trainer' (with 'sampler' the ratio already uses the sampler's)")
-        for name in ("tasks_per_step", "updates_per_batch", "micro_batch_tokens", "min_row_len", "logprob_chunk"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"rl.{name} must be positive, got {getattr(self, name)}")
-        if not (0 <= self.clip_eps_low < 1 and self.clip_eps_high >= 0):
-            raise ValueError(f"rl.clip_eps_low must be in [0, 1) and clip_eps_high >= 0, got {self.clip_eps_low}, "
-                             f"{self.clip_eps_high}")
-        if self.kl_coef < 0 or self.tis_cap < 0 or self.constant_length < 0 or self.row_len < 0:
-            raise ValueError("rl.kl_coef, rl.tis_cap, rl.constant_length and rl.row_len must be >= 0")
-
-    @property
-    def skips_zero_advantage(self) -> bool:
-        return self.skip_zero_advantage and self.kl_coef == 0
+from kevin_jax.rl.config import LOSS_AGGREGATIONS, RLConfig
 
 
 def aggregation_weights(response_lengths: np.ndarray, mode: str, constant_length: int = 0) -> np.ndarray:
@@ -107,14 +38,14 @@ def aggregation_weights(response_lengths: np.ndarray, mode: str, constant_length
         return lengths.copy()
     if mode == "constant_length":
         if constant_length <= 0:
-            raise ValueError("aggregation 'constant_length' needs a positive constant_length")
+            raise ValueError("loss aggregation 'constant_length' needs a positive constant_length")
         return np.full(n, 1.0 / (n * constant_length))
     if mode == "token_mean":
         total = lengths.sum()
         return np.full(n, 1.0 / total if total > 0 else 0.0)
     if mode == "sequence_mean":
         return np.where(lengths > 0, 1.0 / (n * np.maximum(lengths, 1)), 0.0)
-    raise ValueError(f"unknown aggregation {mode!r}; choose one of {AGGREGATIONS}")
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGGREGATIONS}")
 
 
 def kl_k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:

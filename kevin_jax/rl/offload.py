@@ -44,7 +44,6 @@ from kevin_jax import parallel
 
 log = logging.getLogger(__name__)
 
-OFFLOAD_MODES = ("none", "pinned_host")
 HOST = "pinned_host"
 DEVICE = "device"
 # The model's layer parameters are stacked along a leading [num_layers] axis under this top-level name

@@ -12,7 +12,7 @@ import numpy as np
 
 from kevin_jax.env.episode import Trajectory
 from kevin_jax.env.reward import RewardConfig, counts_as_correct
-from kevin_jax.rl.advantages import assign_returns
+from kevin_jax.rl.advantages import AdvantageConfig, assign_returns
 
 
 def _correct(turn) -> bool:
@@ -28,11 +28,12 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfig, compiled_score: float) -> None:
+def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfig, advantage: AdvantageConfig,
+                         compiled_score: float) -> None:
     """Without a GPU nothing runs, so every kernel scores 0 under the real reward. This replaces each turn's score by
     `compiled_score` for a well-formed, unflagged kernel that compiled (else 0), then recomputes returns and
-    advantages with the run's reward settings (in place)."""
-    assign_returns(trajectories, reward,
+    advantages with the run's reward and advantage settings (in place)."""
+    assign_returns(trajectories, reward, advantage,
                    score_of=lambda t: compiled_score if _compiled(t) and not t.verdict.get("hack_flags") else 0.0)
 
 
@@ -72,7 +73,7 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         out[f"turn{i}/format_ok_rate"] = _mean(t.parsed.get("format_error") is None for t in at)
         out[f"turn{i}/mean_speedup"] = _mean(speedups)
         out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
-        # A turn whose samples are pushed down on average at every step (reward.baseline, kevin_jax.rl.advantages).
+        # A turn whose samples are pushed down on average at every step (advantage.baseline, kevin_jax.rl.advantages).
         out[f"turn{i}/advantage_mean"] = _mean(t.advantage for t in at)
         # A turn that un-sharpens during RL: the failed seed's later turns (docs/LOG.md, "reward.baseline=turn_mean").
         out[f"turn{i}/sampled_nll"] = _mean(sampled_nll(t.response_logprobs) for t in at)

@@ -6,11 +6,10 @@ is); with optim.offload="pinned_host" it also holds "master" (float32 weights in
 gradients (the loss is a weighted sum, kevin_jax.rl.loss), then clip by global norm and AdamW. Gradients of a
 micro-batch are computed under the mesh's activation-sharding rules with the batch sharded over the data-parallel
 axes, so more devices = the same sums computed in parallel. The supervised fine-tuning (kevin_jax.sft) runs the same
-`Updater` with its own loss and optimiser.
+`Updater` and `optimizer` with its own loss and learning-rate schedule.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,53 +23,10 @@ from kevin_jax import parallel
 from kevin_jax.multihost import put_global, to_host
 from kevin_jax.rl import loss as rl_loss
 from kevin_jax.rl import offload as offload_lib
+from kevin_jax.rl.config import OptimConfig
 
+# optim.grad_dtype (rl.config.GRAD_DTYPE_NAMES) -> the dtype of the gradient sum
 GRAD_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@dataclasses.dataclass
-class OptimConfig:
-    """The optimiser (config section `optim`). Kevin: AdamW, lr 2e-6 constant after a 3% linear warm-up, gradients
-    clipped to global norm 0.05.
-
-    learning_rate: peak (= constant) learning rate.
-    warmup_fraction: share of all optimiser updates spent warming up linearly from 0.
-    b1, b2, eps: Adam moments.
-    weight_decay: decoupled weight decay, applied to matrices only (not norms or biases).
-    grad_clip_norm: clip gradients to this global norm (0 = no clipping).
-    offload: where the float32 master weights and AdamW moments live. "none": on the GPUs, next to the weights
-      (which are then the float32 master). "pinned_host": in host RAM (JAX's pinned_host memory), streamed through
-      the GPU one layer at a time by the update; the GPUs keep the weights in the compute dtype (model.dtype).
-      kevin_jax.rl.offload; docs/ARCHITECTURE.md says why this mechanism.
-    grad_dtype: dtype of the gradient sum over micro-batches on the GPUs: "float32", or "bfloat16" (half the
-      memory, for nodes where float32 gradients do not fit: each micro-batch's gradient is added in bf16, relative
-      rounding ~2^-9 per addition; needs offload, whose update reads the sum in float32).
-    """
-    learning_rate: float = 2e-6
-    warmup_fraction: float = 0.03
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip_norm: float = 0.05
-    offload: str = "none"
-    grad_dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.learning_rate <= 0:
-            raise ValueError(f"optim.learning_rate must be positive, got {self.learning_rate}")
-        if not 0 <= self.warmup_fraction < 1:
-            raise ValueError(f"optim.warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
-        if self.weight_decay < 0 or self.grad_clip_norm < 0:
-            raise ValueError("optim.weight_decay and optim.grad_clip_norm must be >= 0")
-        if self.offload not in offload_lib.OFFLOAD_MODES:
-            raise ValueError(f"optim.offload must be one of {offload_lib.OFFLOAD_MODES}, got {self.offload!r}")
-        if self.grad_dtype not in GRAD_DTYPES:
-            raise ValueError(f"optim.grad_dtype must be one of {sorted(GRAD_DTYPES)}, got {self.grad_dtype!r}")
-        if self.grad_dtype == "bfloat16" and self.offload == "none":
-            raise ValueError("optim.grad_dtype='bfloat16' needs optim.offload='pinned_host' (its update reads the bf16 "
-                             "gradient sum in float32 one layer at a time; the on-device optax update would clip and "
-                             "apply it in bf16)")
 
 
 def learning_rate_schedule(config: OptimConfig, total_updates: int) -> optax.Schedule:
@@ -91,17 +47,25 @@ def decay_mask(params):
         lambda path, p: parallel.path_name(path).split("/")[-1] not in _NO_DECAY and p.ndim >= 2, params)
 
 
-def _adamw(config: OptimConfig, schedule: optax.Schedule, mask) -> optax.GradientTransformation:
-    return optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
-                       mask=mask)
+def _adamw(schedule: optax.Schedule, mask, *, b1: float, b2: float, eps: float,
+           weight_decay: float) -> optax.GradientTransformation:
+    return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
+
+
+def optimizer(schedule: optax.Schedule, *, grad_clip_norm: float, weight_decay: float = 0.0, b1: float = 0.9,
+              b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+    """The one optimiser of kevin_jax: gradients clipped to a global norm (0 = not clipped), then AdamW on `schedule`
+    with decoupled weight decay on weight matrices only (decay_mask). The RL update builds it from the optim section
+    (make_optimizer), the warm start from the warm_start section (kevin_jax.sft: no weight decay, a cosine
+    schedule)."""
+    parts = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm > 0 else []
+    return optax.chain(*parts, _adamw(schedule, decay_mask, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
 
 
 def make_optimizer(config: OptimConfig, total_updates: int) -> optax.GradientTransformation:
-    parts = []
-    if config.grad_clip_norm > 0:
-        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-    parts.append(_adamw(config, learning_rate_schedule(config, total_updates), decay_mask))
-    return optax.chain(*parts)
+    """The RL update's optimiser (section optim): `optimizer` on learning_rate_schedule(config, total_updates)."""
+    return optimizer(learning_rate_schedule(config, total_updates), grad_clip_norm=config.grad_clip_norm,
+                     weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps)
 
 
 def host_offload(config: OptimConfig, total_updates: int, compute_dtype) -> offload_lib.HostOffloadedAdamW | None:
@@ -109,8 +73,9 @@ def host_offload(config: OptimConfig, total_updates: int, compute_dtype) -> offl
     if config.offload == "none":
         return None
     schedule = learning_rate_schedule(config, total_updates)
-    return offload_lib.HostOffloadedAdamW(lambda mask: _adamw(config, schedule, mask), decay_mask,
-                                          config.grad_clip_norm, compute_dtype)
+    return offload_lib.HostOffloadedAdamW(
+        lambda mask: _adamw(schedule, mask, b1=config.b1, b2=config.b2, eps=config.eps,
+                            weight_decay=config.weight_decay), decay_mask, config.grad_clip_norm, compute_dtype)
 
 
 def _replicated(params):

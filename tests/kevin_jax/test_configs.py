@@ -1,11 +1,15 @@
-"""Run configs (configs/*.py): every dataclass field is present and overridable from the command line, unknown
-fields are errors, the recipes hold Kevin's numbers, config files do not import jax, GPU placement."""
+"""Run configs (configs/*.py): every dataclass field is present, with the dataclass default, and overridable from the
+command line; unknown fields are errors and renamed ones name their new name; each config file sets only its
+departures; the recipes hold Kevin's numbers; building a config does not import jax; GPU placement."""
+import ast
 import dataclasses
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
+import jax
 import pytest
 from absl import flags
 from ml_collections import config_flags
@@ -56,33 +60,73 @@ def _default(field: dataclasses.Field):
 
 
 def test_config_defaults_are_the_dataclass_defaults():
-    """configs/common.py's defaults() holds every field of every section with its dataclass default, value and type
-    (a 1 where the dataclass has 1.0 would also refuse --config...=0.5): the dataclasses are the one source."""
-    from configs import common
-
-    defaults = common.defaults()
-    assert set(defaults.keys()) == set(run_config.SECTIONS)
+    """run_config.default_config() holds every field of every section with its dataclass default, value and type (a
+    1 where the dataclass has 1.0 would refuse --config...=0.5; an optional field is a placeholder of its type)."""
+    defaults = run_config.default_config()
+    assert set(defaults.keys()) == set(run_config.SECTIONS) | set(run_config.TOP_LEVEL)
     drift = []
     for section, types in run_config.SECTIONS.items():
         assert set(defaults[section].keys()) == {f.name for t in types for f in dataclasses.fields(t)}, section
         for t in types:
+            hints = typing.get_type_hints(t)
             for f in dataclasses.fields(t):
                 want, got = _default(f), defaults[section][f.name]
                 if got != want or type(got) is not type(want):
-                    drift.append(f"{section}.{f.name}: {t.__name__} says {want!r}, configs/common.py {got!r}")
-    assert not drift, "configs/common.py defaults() differs from the dataclasses:\n" + "\n".join(drift)
+                    drift.append(f"{section}.{f.name}: {t.__name__} says {want!r}, the config {got!r}")
+                if want is None and defaults[section].get_type(f.name) not in typing.get_args(hints[f.name]):
+                    drift.append(f"{section}.{f.name}: a placeholder of {defaults[section].get_type(f.name)}, "
+                                 f"annotated {hints[f.name]}")
+    assert not drift, "run_config.default_config() differs from the dataclasses:\n" + "\n".join(drift)
+    assert {k: defaults[k] for k in run_config.TOP_LEVEL} == run_config.TOP_LEVEL
 
 
 def test_the_recipe_departs_from_the_defaults_only_where_it_says_so():
-    """base() is defaults() plus Kevin-32B's deliberate departures, each commented in configs/common.py; a new one
-    belongs there with its reason, and here."""
+    """base() is the dataclass defaults plus Kevin-32B's deliberate departures, each commented in configs/common.py;
+    a new one belongs there with its reason, and here."""
     from configs import common
 
-    defaults, recipe = common.defaults(), common.base()
+    defaults, recipe = run_config.default_config(), common.base()
     departures = {(s, k) for s in run_config.SECTIONS for k in defaults[s].keys() if recipe[s][k] != defaults[s][k]}
     assert departures == {("model", "shape"), ("env", "max_prompt_tokens"), ("sampler", "max_slots"),
                           ("sampler", "max_seq_len"), ("sampler", "prefill_tokens"), ("sampler", "prefill_chunk"),
                           ("sampler", "kv_cache_fraction")}
+
+
+# What each config file starts from: its departures are the fields it sets.
+PARENT = {"kevin32b": "common", "one_gpu": "common", "tiny_cpu": "common", "single_turn": "kevin32b",
+          "warm_start_demo": "one_gpu"}
+
+
+def _flat(config, prefix=""):
+    out = {}
+    for key in config.keys():
+        value = config[key]
+        out.update(_flat(value, f"{prefix}{key}.") if hasattr(value, "keys") else {prefix + key: value})
+    return out
+
+
+def _built(name: str, layout: str):
+    import importlib
+
+    module = importlib.import_module(f"configs.{name}")
+    if name == "common":
+        return module.base()
+    return module.get_config(layout) if name in CONFIG_ARG else module.get_config()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_files_set_only_their_departures(name):
+    """Every `c.<section>.<field> = ...` of a config file changes what it starts from (configs/common.py's base() or
+    the config it builds on) for at least one node layout: nothing repeats a default or the recipe."""
+    tree = ast.parse((REPO / "configs" / f"{name}.py").read_text())
+    assigned = {ast.unparse(target)[2:] for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                for target in node.targets if ast.unparse(target).startswith("c.")}
+    assert assigned, name
+    changed = set()
+    for layout in ("h100x4", "h100x8", "h200x4", "h200x8"):
+        mine, parent = _flat(_built(name, layout)), _flat(_built(PARENT[name], layout))
+        changed |= {k for k in mine if mine[k] != parent[k]}
+    assert assigned <= changed, f"configs/{name}.py sets what it already has: {sorted(assigned - changed)}"
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -118,12 +162,15 @@ def test_every_field_can_be_overridden_on_the_command_line():
 
 
 def test_overrides_change_the_dataclasses():
-    config = _load("tiny_cpu", "--config.reward.gamma=0.8", "--config.rl.aggregation=token_mean",
+    config = _load("tiny_cpu", "--config.reward.gamma=0.8", "--config.rl.loss_aggregation=token_mean",
                    "--config.env.num_turns=1", "--config.mesh.coordinator_address=localhost:1234",
                    "--config.mesh.num_processes=2", "--config.sampler.stop_ids=(5,7)",
-                   "--config.tasks.levels=(1,)", "--config.rl.kl_coef=0.05")
+                   "--config.tasks.levels=(1,)", "--config.rl.kl_coef=0.05", "--config.advantage.baseline=turn_mean",
+                   "--config.reward.return_aggregation=max", "--config.warm_start.grad_clip_norm=0.5")
     spec = run_config.parse_config(config)
-    assert spec.reward.gamma == 0.8 and spec.rl.aggregation == "token_mean" and spec.env.num_turns == 1
+    assert spec.reward.gamma == 0.8 and spec.rl.loss_aggregation == "token_mean" and spec.env.num_turns == 1
+    assert spec.advantage.baseline == "turn_mean" and spec.reward.return_aggregation == "max"
+    assert spec.warm_start.grad_clip_norm == 0.5
     assert spec.mesh.coordinator_address == "localhost:1234" and spec.mesh.num_processes == 2
     assert spec.sampler.stop_ids == (5, 7) and spec.tasks.levels == (1,) and spec.rl.kl_coef == 0.05
 
@@ -140,9 +187,33 @@ def test_unknown_fields_are_errors():
     with pytest.raises(ValueError, match="unknown top-level entries"):
         run_config.parse_config(config)
     config = _load("tiny_cpu").to_dict()
-    config["rl"]["aggregation"] = "median"
-    with pytest.raises(ValueError, match="config.rl: rl.aggregation must be one of"):
+    config["rl"]["loss_aggregation"] = "median"
+    with pytest.raises(ValueError, match="config.rl: rl.loss_aggregation must be one of"):
         run_config.parse_config(config)
+
+
+@pytest.mark.parametrize("old, new", sorted(run_config.RENAMED.items()))
+def test_a_renamed_field_names_its_new_name(old, new):
+    """A config (file or dict) that still sets an old name is refused with the new name, as is the command line."""
+    section, field = old.split(".")
+    config = _load("tiny_cpu").to_dict()
+    config[section][field] = "x"
+    with pytest.raises(ValueError, match=f"{old} is now {new}"):
+        run_config.parse_config(config)
+    new_section, new_field = new.split(".")
+    assert new_field in config[new_section]
+    assert run_config.renamed_overrides(["prog", f"--config.{old}=x", "--config.rl.kl_coef=0.1"]) == [
+        f"--config.{old}: {old} is now {new}"]
+
+
+def test_the_launchers_refuse_a_renamed_field_before_anything_else():
+    for script in ("train", "sft", "eval"):
+        out = subprocess.run([sys.executable, str(REPO / "launch" / f"{script}.py"), "--config=configs/tiny_cpu.py",
+                              "--workdir=/nonexistent", "--config.reward.aggregation=max",
+                              "--noconfig.reward.normalize_std"], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert out.returncode != 0, script
+        assert ("reward.aggregation is now reward.return_aggregation; --config.reward.normalize_std: "
+                "reward.normalize_std is now advantage.normalize_std") in out.stderr, (script, out.stderr[-2000:])
 
 
 def test_kevin32b_is_kevins_recipe():
@@ -150,16 +221,17 @@ def test_kevin32b_is_kevins_recipe():
         run_config.parse_config(_load("kevin32b"))
     spec = run_config.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B"))
     assert (spec.rl.tasks_per_step, spec.env.num_trajectories, spec.env.num_turns) == (8, 16, 4)
-    assert (spec.reward.gamma, spec.reward.aggregation, spec.reward.correct_weight) == (0.4, "sum", 0.3)
+    assert (spec.reward.gamma, spec.reward.return_aggregation, spec.reward.correct_weight) == (0.4, "sum", 0.3)
+    assert (spec.advantage.baseline, spec.advantage.normalize_std) == ("mean", True)
     assert (spec.optim.learning_rate, spec.optim.warmup_fraction, spec.optim.grad_clip_norm) == (2e-6, 0.03, 0.05)
     assert (spec.rl.clip_eps_low, spec.rl.clip_eps_high, spec.rl.updates_per_batch) == (0.2, 0.28, 2)
-    assert spec.rl.aggregation == "constant_length" and spec.rl.kl_coef == 0.0
+    assert spec.rl.loss_aggregation == "constant_length" and spec.rl.kl_coef == 0.0
     assert spec.max_response_tokens(29) == 16384 and spec.max_response_tokens(30) == 22528
     assert spec.sampler.temperature == 0.9
     assert spec.tasks.levels == (1, 2) and spec.tasks.holdout_fraction == 0.1
     assert spec.tokenizer.path == "model"
     single = run_config.parse_config(_with_checkpoint(_load("single_turn")))
-    assert single.env.num_turns == 1 and single.reward.aggregation == "single_turn"
+    assert single.env.num_turns == 1 and single.reward.return_aggregation == "single_turn"
     assert single.env.num_trajectories * single.env.num_turns == 64
 
 
@@ -202,13 +274,35 @@ def test_kevin32b_refuses_a_node_it_cannot_fit(monkeypatch, gpus):
 
 
 def test_config_files_do_not_import_jax():
+    """launch/train.py reads the config, then sets the GPU placement, then starts JAX: building, overriding and
+    checking a config (every section's dataclass) must not import jax (nor its libraries, nor torch)."""
     code = ("import sys; sys.path.insert(0, %r)\n"
             "import importlib\n"
+            "from kevin_jax import run_config\n"
+            "from kevin_jax.sampler import SamplerConfig\n"
             "for name in %r:\n"
             "    module = importlib.import_module('configs.' + name)\n"
-            "    module.get_config('h200x8') if name in ('kevin32b', 'single_turn') else module.get_config()\n"
-            "assert 'jax' not in sys.modules, 'a config imported jax'\n") % (str(REPO), CONFIGS)
+            "    config = module.get_config('h200x8') if name in ('kevin32b', 'single_turn') else module.get_config()\n"
+            "    config.model.hf_checkpoint = '/ckpt/QwQ-32B' if not config.model.shape else ''\n"
+            "    run_config.parse_config(config)\n"
+            "heavy = ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'torch')\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+            "assert not loaded, f'building the configs imported {loaded[:8]}'\n") % (str(REPO), CONFIGS)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_jax_free_sections_name_what_the_jax_side_implements():
+    """model.config and rl.config validate names without jax; the jax modules hold what each name means."""
+    from kevin_jax.model import config as model_config
+    from kevin_jax.model import qwen2
+    from kevin_jax.rl import config as rl_config
+    from kevin_jax.rl import state as rl_state
+
+    assert tuple(qwen2.REMAT_POLICIES) == model_config.REMAT_POLICY_NAMES
+    assert tuple(rl_state.GRAD_DTYPES) == rl_config.GRAD_DTYPE_NAMES
+    options = qwen2.ModelOptions(dtype="float32", param_dtype="bfloat16", matmul_precision="highest")
+    assert options.compute_dtype is jax.numpy.float32 and options.storage_dtype is jax.numpy.bfloat16
+    assert options.precision == jax.lax.Precision.HIGHEST
 
 
 def test_too_short_context_is_an_error():

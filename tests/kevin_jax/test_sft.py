@@ -388,10 +388,30 @@ def test_batch_order_random_and_length_bucketed():
         WarmStartConfig(length_buckets=-1)
 
 
+def test_learning_rate_schedule_comes_from_the_warm_start_section():
+    # the defaults: a tenth of the steps warming up (at least 1, at most 50), then a cosine decay to a tenth of the peak
+    schedule = sft.learning_rate_schedule(WarmStartConfig(steps=400, learning_rate=3e-4))
+    assert float(schedule(0)) == 0.0 and float(schedule(20)) == pytest.approx(1.5e-4)
+    assert float(schedule(40)) == pytest.approx(3e-4) and float(schedule(400)) == pytest.approx(3e-5)
+    assert float(schedule(220)) == pytest.approx(3e-5 + 0.5 * (3e-4 - 3e-5))        # half way down the cosine
+    capped = sft.learning_rate_schedule(WarmStartConfig(steps=2000, learning_rate=1e-3))
+    assert float(capped(50)) == pytest.approx(1e-3) and float(capped(25)) == pytest.approx(5e-4)
+    assert float(sft.learning_rate_schedule(WarmStartConfig(steps=5, learning_rate=1e-3))(1)) == pytest.approx(1e-3)
+    # every number is the section's
+    custom = sft.learning_rate_schedule(WarmStartConfig(steps=100, learning_rate=1e-3, warmup_fraction=0.2,
+                                                        max_warmup_steps=10, final_learning_rate_fraction=0.5))
+    assert float(custom(5)) == pytest.approx(5e-4) and float(custom(10)) == pytest.approx(1e-3)
+    assert float(custom(100)) == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="final_learning_rate_fraction"):
+        WarmStartConfig(final_learning_rate_fraction=1.5)
+    with pytest.raises(ValueError, match="max_warmup_steps"):
+        WarmStartConfig(max_warmup_steps=0)
+
+
 def test_loss_falls_in_a_few_steps_on_a_tiny_model(tiny, tokenizer):
     graphdef, params, mesh = tiny
-    _, stats = sft.fine_tune(graphdef, params, _samples(tokenizer), mesh, RL, steps=12, learning_rate=1e-2,
-                             batch_size=2, seed=0)
+    _, stats = sft.fine_tune(graphdef, params, _samples(tokenizer), mesh, RL,
+                             WarmStartConfig(steps=12, learning_rate=1e-2, batch_size=2), seed=0)
     assert stats["sft/last_nll"] < 0.5 * stats["sft/first_nll"], stats
     assert stats["sft/first_nll"] > 5 and stats["sft/examples"] == 2
     # the speed report of the last log interval: real numbers, MFU only where the peak is known (not on CPU)

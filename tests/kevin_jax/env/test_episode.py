@@ -13,7 +13,7 @@ from kevin_jax.env.episode import (EnvConfig, EpisodeRunner, Trajectory, load_tr
 from kevin_jax.env.policy import Generation
 from kevin_jax.env.prompts import PromptTooLongError
 from kevin_jax.env.reward import RewardConfig
-from kevin_jax.rl.advantages import assign_returns, discounted_returns, rescore
+from kevin_jax.rl.advantages import AdvantageConfig, assign_returns, discounted_returns, rescore
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
 TASKS = load_builtin_tasks()
@@ -121,7 +121,7 @@ def test_tokens_logprobs_scores_returns_and_advantages():
     runner, policy, _ = make_runner(kevin_like_script())
     trajs = runner.run(tasks()).trajectories
     reward = RewardConfig()
-    assign_returns(trajs, reward)
+    assign_returns(trajs, reward, AdvantageConfig())
     for traj in trajs:
         assert [t.score for t in traj.turns] == pytest.approx([0.0, 1.1, 1.8])
         np.testing.assert_allclose([t.return_ for t in traj.turns], discounted_returns([0.0, 1.1, 1.8], reward))
@@ -212,7 +212,7 @@ def test_length_limit_inside_the_thought_is_a_format_failure():
 def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
     runner, _, _ = make_runner(kevin_like_script())
     trajs = runner.run(tasks()).trajectories
-    assign_returns(trajs, RewardConfig())
+    assign_returns(trajs, RewardConfig(), AdvantageConfig())
     path = tmp_path / "traj.jsonl"
     save_trajectories(path, trajs[:5])
     save_trajectories(path, trajs[5:], append=True)
@@ -220,15 +220,15 @@ def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
     assert [t.to_dict() for t in loaded] == [t.to_dict() for t in trajs]
     assert isinstance(loaded[0], Trajectory)
 
-    same = rescore(loaded, RewardConfig())
+    same = rescore(loaded, RewardConfig(), AdvantageConfig())
     assert [t.to_dict() for t in same] == [t.to_dict() for t in trajs]
-    heavier = rescore(loaded, RewardConfig(correct_weight=1.0, aggregation="single_turn"))
+    heavier = rescore(loaded, RewardConfig(correct_weight=1.0, return_aggregation="single_turn"), AdvantageConfig())
     assert [t.score for t in heavier[0].turns] == pytest.approx([0.0, 1.8, 2.5])
     assert [t.return_ for t in heavier[0].turns] == pytest.approx([0.0, 1.8, 2.5])
     assert loaded[0].turns[1].score == pytest.approx(1.1)  # rescore copies
 
     # The per-turn baseline reaches the rollout: each task's advantages at each turn sum to zero.
-    per_turn = rescore(loaded, RewardConfig(baseline="turn_mean"))
+    per_turn = rescore(loaded, RewardConfig(), AdvantageConfig(baseline="turn_mean"))
     sums = {}
     for traj in per_turn:
         for t in traj.turns:
@@ -316,7 +316,7 @@ def test_rollout_scalars_count_contended_timings_among_timed_kernels():
 
 
 def test_rollout_scalars_report_each_turns_mean_advantage():
-    """rollout/turn{i}/advantage_mean shows a turn pushed down on average (reward.baseline="mean": the last turn)."""
+    """rollout/turn{i}/advantage_mean shows a turn pushed down on average (advantage.baseline="mean": the last turn)."""
     from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import rollout_scalars
 
@@ -329,11 +329,11 @@ def test_rollout_scalars_report_each_turns_mean_advantage():
                 Trajectory("t", 1, 0, 0, [turn(0, True), turn(1, False)])]
 
     kevin = trajs()
-    assign_returns(kevin, RewardConfig())
+    assign_returns(kevin, RewardConfig(), AdvantageConfig())
     out = rollout_scalars(kevin, 2)
     assert out["turn1/advantage_mean"] < 0 < out["turn0/advantage_mean"]
     per_turn = trajs()
-    assign_returns(per_turn, RewardConfig(baseline="turn_mean"))
+    assign_returns(per_turn, RewardConfig(), AdvantageConfig(baseline="turn_mean"))
     out = rollout_scalars(per_turn, 2)
     assert out["turn0/advantage_mean"] == pytest.approx(0.0) and out["turn1/advantage_mean"] == pytest.approx(0.0)
 

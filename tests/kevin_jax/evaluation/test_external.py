@@ -13,6 +13,7 @@ from kevin_jax.env.reward import RewardConfig
 from kevin_jax.evaluation import pipeline
 from kevin_jax.evaluation.external import evaluate_external, load_external
 from kevin_jax.evaluation.metrics import compute_metrics
+from kevin_jax.rl.advantages import AdvantageConfig
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
 REPO = Path(__file__).resolve().parents[3]
@@ -93,7 +94,7 @@ def test_evaluation_uses_the_same_parse_evaluator_and_metrics(tmp_path):
     ]
     responses, _ = load_external(write(tmp_path / "in.jsonl", rows), TASKS)
     evaluator = EvaluatorFake()
-    trajectories = evaluate_external(responses, TASKS, evaluator, RewardConfig())
+    trajectories = evaluate_external(responses, TASKS, evaluator, RewardConfig(), AdvantageConfig())
     assert len(evaluator.batches) == 1 and len(evaluator.batches[0]) == 6
     assert evaluator.batches[0][0].task_source == TASKS[RELU].source
     assert "class ModelNew" not in evaluator.batches[0][-1].response           # the thought was not sent
@@ -149,7 +150,7 @@ def test_external_responses_with_the_real_evaluator_on_cpu(tmp_path):
                         timing_target_s=0.05, timing_min_reps=5, timing_max_reps=30, timing_input_sets=2,
                         spare_workers=1, retime_speedup_threshold=0)
     with Evaluator(config) as evaluator:
-        trajectories = evaluate_external(responses, tasks, evaluator, RewardConfig())
+        trajectories = evaluate_external(responses, tasks, evaluator, RewardConfig(), AdvantageConfig())
     first, second = trajectories[0].turns
     assert first.verdict["mode"] == "full" and first.verdict["correct"] is False, first.verdict["feedback"]
     assert second.verdict["correct"] is True and second.verdict["speedup"] > 0, second.verdict["feedback"]
