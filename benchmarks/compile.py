@@ -33,8 +33,8 @@ import uuid
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_eval.compile_pool import CompileConfig, CompilePool  # noqa: E402
-from cuda_eval.toolchain import detect  # noqa: E402
+from cuda_eval.compile.pool import CompileConfig, CompilePool  # noqa: E402
+from cuda_eval.compile.toolchain import detect  # noqa: E402
 
 CANDIDATES = REPO / "benchmarks" / "candidates"
 _NAME = re.compile(r"""name\s*=\s*(["'])(\w+)\1""")
@@ -264,8 +264,8 @@ def main(argv=None) -> int:
             rows["torch load_inline cold (ninja)"] = {"n": 0, "note": "ninja not installed"}
 
         if "nvcc" not in skip:
-            from cuda_eval.build import cuda_cu
-            from cuda_eval.candidate import spec_from_load_inline
+            from cuda_eval.compile.sources import cuda_cu
+            from cuda_eval.protocol.extension_spec import spec_from_load_inline
             import ast
             src = ast.literal_eval(re.search(r'elementwise_add_source = (""".*?""")', add_code, re.S).group(1))
             spec = spec_from_load_inline(name="elementwise_add", cpp_sources="", cuda_sources=src)

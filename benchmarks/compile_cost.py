@@ -42,7 +42,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "cuda_eval"))
 
-from cuda_eval.compile_pool import CompileConfig, CompilePool  # noqa: E402
+from cuda_eval.compile.pool import CompileConfig, CompilePool  # noqa: E402
 
 _NAME = re.compile(r"""(\bname\s*=\s*)(["'])(\w+)\2""")
 # What a CPU-only torch lacks (the ATen/cuda headers include cusparse.h, cublas_v2.h ...): not the candidate's fault.

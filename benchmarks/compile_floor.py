@@ -5,8 +5,8 @@
     python benchmarks/compile_floor.py --candidate benchmarks/candidates/gemv.py
 
 Units, each compiled as the compile stage compiles a candidate's cuda.cu (`nvcc -c` with the toolchain's flags for
-load_inline, the candidate's program read by candidate.static_record_specs, its light header from
-build.light_header_text):
+load_inline, the candidate's program read by static_record.static_record_specs, its light header from
+sources.light_header_text):
   1. a plain kernel and its launch, no torch;
   2. the same launch from a host function over `at::Tensor` (`#include <ATen/core/Tensor.h>` only);
   3. 2 plus one ATen operator header (ATen/ops/empty_like.h: how nearly every candidate allocates its output);
@@ -27,7 +27,8 @@ import tempfile
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_eval import build, candidate, toolchain  # noqa: E402
+from cuda_eval.compile import sources, toolchain  # noqa: E402
+from cuda_eval.static import static_record  # noqa: E402
 
 KERNEL = """__global__ void add(const float* a, const float* b, float* c, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -55,17 +56,17 @@ def children_cpu() -> float:
 
 def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[str, str], str]:
     """{label: .cu source} and the candidate's light header text."""
-    specs = candidate.static_record_specs(candidate_path.read_text())
+    specs = static_record.static_record_specs(candidate_path.read_text())
     if not specs:
         raise SystemExit(f"{candidate_path}: its builds cannot be read from its source; pick a plainer candidate")
     spec = specs[0]
-    header, why = build.light_header_text([*spec.cuda_sources, *spec.cpp_sources], tc)
+    header, why = sources.light_header_text([*spec.cuda_sources, *spec.cpp_sources], tc)
     if header is None:
         raise SystemExit(f"{candidate_path}: no light-header build ({why})")
     return {"plain kernel, no torch": PLAIN,
             "host function over at::Tensor (ATen/core/Tensor.h)": TENSOR,
             "+ one operator header (ATen/ops/empty_like.h)": TENSOR_OP,
-            f"{candidate_path.name}'s cuda.cu with its light header": build.cuda_cu(spec, light=True)}, header
+            f"{candidate_path.name}'s cuda.cu with its light header": sources.cuda_cu(spec, light=True)}, header
 
 
 def main(argv=None) -> int:
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="compile_floor-") as tmp:
         work = pathlib.Path(tmp)
         sources, header = units(args.candidate, tc)
-        (work / build.LIGHT_HEADER).write_text(header)
+        (work / sources.LIGHT_HEADER).write_text(header)
         for k, (label, src) in enumerate(sources.items()):
             cu = work / f"unit{k}.cu"
             cu.write_text(src)

@@ -37,8 +37,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=100)
     args = ap.parse_args()
     import torch
-    from cuda_eval import timing
-    from cuda_eval.harness import Device
+    from cuda_eval.protocol import timing
+    from cuda_eval.protocol.harness import Device
     if not torch.cuda.is_available():
         sys.exit("needs a GPU")
     device = Device("cuda", 1, None, who="gate_check", checks=False)

@@ -456,8 +456,8 @@ FLOOR_CHILD = r'''
 import json, statistics, sys
 sys.path.insert(0, sys.argv[3])
 import torch
-from cuda_eval import timing
-from cuda_eval.candidate import import_extension
+from cuda_eval.protocol import timing
+from cuda_eval.worker.extension_loader import import_extension
 
 ext = import_extension(sys.argv[1], sys.argv[2])
 x = torch.randn(1, device="cuda")

@@ -24,9 +24,12 @@ import subprocess
 import time
 from typing import Any, Sequence
 
-from cuda_eval import checks, feedback, kernel_profile, profiles
-from cuda_eval.candidate import extract_code  # re-exported: env.parse uses the same extraction
+from cuda_eval import feedback, scoring
+from cuda_eval.profile import kernel_profile
+from cuda_eval.protocol.job import DynamicChecks, JobConfig, JobPayload, JobTiming, RuntimeBuild
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
+from cuda_eval.static import checks
+from cuda_eval.static.extraction import extract_code  # re-exported: env.parse uses the same extraction
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ __all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "
 class EvalConfig:
     """Evaluator settings (the `eval` config section has exactly these field names)."""
     profile: str = "kevin"              # "kevin" | "kernelbench" | "strict": a named set of the fields below
-                                        # (cuda_eval/profiles.py; docs/EVALUATOR.md, "Profiles")
+                                        # (cuda_eval/scoring.py; docs/EVALUATOR.md, "Profiles")
     mode: str = "auto"                  # "full" (compile + run), "compile_only" (no GPU: nvcc only), "auto"
     device_type: str = "cuda"           # "cuda", or "cpu": C++ (with_cuda=False) candidates on CPU tensors (tests)
     devices: Any = "all"                # GPU indices: "all", "0,1", [0, 1] or 0
@@ -105,7 +108,7 @@ class EvalConfig:
     share_identical: bool = True
 
     def __post_init__(self):
-        profiles.apply(self, {f.name: f.default for f in dataclasses.fields(self)
+        scoring.apply(self, {f.name: f.default for f in dataclasses.fields(self)
                               if f.default is not dataclasses.MISSING})
         checks_ok = {"mode": ("auto", "full", "compile_only"), "device_type": ("cuda", "cpu"),
                      "static_policy": ("auto", "kevin", "cpu", "kernelbench", "off"),
@@ -119,7 +122,7 @@ class EvalConfig:
             raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
         if self.worker_memory_bytes < 0:
             raise ValueError("EvalConfig.worker_memory_bytes must be >= 0 (0 = no limit)")
-        from cuda_eval.sandbox import parse_uid_range
+        from cuda_eval.sandbox.runner import parse_uid_range
         try:
             parse_uid_range(self.sandbox_uids)
         except ValueError as e:
@@ -127,7 +130,7 @@ class EvalConfig:
 
 
 def _usable_cpus() -> int:
-    from cuda_eval.compile_pool import usable_cpus   # the pool module loads lazily, with the evaluator
+    from cuda_eval.compile.pool import usable_cpus  # the pool module loads lazily, with the evaluator
     return usable_cpus()
 
 
@@ -142,6 +145,7 @@ def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
 
 
 FEEDBACK_MODES = ("kevin", "profile")
+STRICT_FP32_TOLERANCE = 1e-4   # atol = rtol for float32 outputs under the strict profile (EvalConfig.strict)
 # How a verdict that is our failure, not the candidate's, begins (its meta also says internal_error).
 INTERNAL_ERROR = "internal evaluator error (not the candidate's fault): "
 
@@ -224,7 +228,7 @@ ARCH_CARDS = {"sm_80": "NVIDIA A100", "sm_86": "NVIDIA A10", "sm_89": "NVIDIA L4
 
 def arch_of_capability(capability: str) -> str:
     """A compute capability ("9.0", "12.0", as nvidia-smi and torch report it) -> the nvcc arch ("sm_90", "sm_120")."""
-    from cuda_eval.toolchain import normalize_arch
+    from cuda_eval.compile.toolchain import normalize_arch
     major, _, minor = str(capability).strip().partition(".")
     if not (major.isdigit() and (minor or "0").isdigit()):
         raise ValueError(f"bad compute capability {capability!r} (expected e.g. '9.0')")
@@ -233,7 +237,7 @@ def arch_of_capability(capability: str) -> str:
 
 def card_of_arch(arch: str) -> str:
     """The card named for an arch when no GPU is there to ask (compile_only with eval.arch set)."""
-    from cuda_eval.toolchain import normalize_arch
+    from cuda_eval.compile.toolchain import normalize_arch
     arch = normalize_arch(arch)
     if arch in ARCH_CARDS:
         return ARCH_CARDS[arch]
@@ -264,7 +268,7 @@ def gpu_facts(devices: Any) -> list[dict]:
 def target_arch(config: EvalConfig) -> str:
     """The arch the candidates are built for: EvalConfig.arch, or ("auto") the compute capability of the GPUs the
     evaluator runs on (all must have the same: one build serves them all), else toolchain.DEFAULT_ARCH (no GPU)."""
-    from cuda_eval.toolchain import DEFAULT_ARCH, normalize_arch
+    from cuda_eval.compile.toolchain import DEFAULT_ARCH, normalize_arch
     if config.arch != "auto":
         return normalize_arch(config.arch)
     if config.device_type != "cuda":
@@ -374,6 +378,20 @@ def _useful_stderr(stderr: str, max_lines: int = 12, *, startup: bool = False) -
     return "\n".join(lines[-max_lines:])[-1500:]
 
 
+def job_config(config: EvalConfig, *, kernel_profile: bool, profile_tools: dict) -> JobConfig:
+    """The settings the judge and the worker read for one job, from EvalConfig (the only source of their values)."""
+    return JobConfig(
+        num_trials=config.num_correct_trials, atol=config.atol, rtol=config.rtol,
+        strict_fp32=STRICT_FP32_TOLERANCE if config.strict else None, seed=config.seed,
+        timing=JobTiming(target_s=config.timing_target_s, warmup_s=config.timing_warmup_s,
+                         min_reps=config.timing_min_reps, max_reps=config.timing_max_reps,
+                         method=config.timing_method),
+        timing_input_sets=config.timing_input_sets, timing_inputs_max_bytes=config.timing_inputs_max_bytes,
+        ref_compile=config.ref_compile, kernel_profile=kernel_profile,
+        kernel_profile_timeout_s=config.kernel_profile_timeout_s, profile_tools=dict(profile_tools),
+        dynamic=DynamicChecks(**{f.name: getattr(config, f.name) for f in dataclasses.fields(DynamicChecks)}))
+
+
 # --- the evaluator --------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _State:
@@ -395,7 +413,7 @@ class Evaluator:
 
     def __init__(self, config: EvalConfig | None = None, *, compile_pool=None, gpu_pool=None):
         self.config = config = config or EvalConfig()
-        from cuda_eval import sandbox
+        from cuda_eval.sandbox import runner as sandbox
         sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
         n_gpus = visible_gpu_count() if config.device_type == "cuda" else 0
         if config.mode == "auto":
@@ -429,7 +447,7 @@ class Evaluator:
 
     # construction of the pools
     def _make_compile_pool(self):
-        from cuda_eval import compile_pool as cp
+        from cuda_eval.compile import pool as cp
         cfg = self.config
         wanted = {"workers": cfg.compile_workers or _usable_cpus(), "arch": self.arch,
                   "cache_dir": cfg.cache_dir, "cache_max_bytes": cfg.cache_max_bytes,
@@ -579,7 +597,7 @@ class Evaluator:
         result.format_ok, result.code = True, extraction.code
         state.static_flags = [f.to_dict() for f in checks.static_check(extraction.code, self.static_policy)]
         result.hack_flags = list(state.static_flags)
-        if profiles.split_flags(state.static_flags, self.config.profile)[0] and \
+        if scoring.split_flags(state.static_flags, self.config.profile)[0] and \
                 self.config.skip_run_on_static_flags:
             return self._finish(state)
         state.compile_submitted = time.monotonic()
@@ -636,39 +654,21 @@ class Evaluator:
         job.add_done_callback(lambda f, s=state, p=payload: self._guard(s, self._on_ran, f, p))
 
     def _payload(self, state: _State, modules: list, kernel_names: list, kind: str) -> dict:
-        cfg = self.config
-        return {
-            "kind": kind, "task_source": state.request.task_source, "code": state.result.code, "modules": modules,
-            "kernel_names": kernel_names, "runtime_build": self._runtime_build(),
-            "ref_timing_cache": self.ref_cache.entries(state.task_hash) if cfg.ref_timing_cache else {},
-            "config": {
-                "num_trials": cfg.num_correct_trials, "atol": cfg.atol, "rtol": cfg.rtol,
-                "strict_fp32": 1e-4 if cfg.strict else None, "seed": cfg.seed,
-                "timing": {"target_s": cfg.timing_target_s, "warmup_s": cfg.timing_warmup_s,
-                           "min_reps": cfg.timing_min_reps, "max_reps": cfg.timing_max_reps,
-                           "method": cfg.timing_method},
-                "timing_input_sets": cfg.timing_input_sets, "timing_inputs_max_bytes": cfg.timing_inputs_max_bytes,
-                "ref_compile": cfg.ref_compile,
-                "kernel_profile": kind == "evaluate" and (cfg.kernel_profile or state.request.feedback == "profile"),
-                "kernel_profile_timeout_s": cfg.kernel_profile_timeout_s, "profile_tools": self.profile_tools,
-                "dynamic": {"require_custom_kernel": cfg.require_custom_kernel,
-                            "forbid_python_torch_compute": cfg.forbid_python_torch_compute,
-                            "forbid_reference_ops": cfg.forbid_reference_ops,
-                            "forbid_library_heavy_ops": cfg.forbid_library_heavy_ops,
-                            "forbid_host_transfer": cfg.forbid_host_transfer, "kernel_trace": cfg.kernel_trace,
-                            "kernel_trace_calls": cfg.kernel_trace_calls,
-                            "flag_native_threads": cfg.flag_native_threads,
-                            "unsynced_slack_us": cfg.unsynced_slack_us},
-            },
-        }
+        """The job for the pool and the judge (protocol/job.py: typed and checked here, plain JSON on the wire)."""
+        profile = kind == "evaluate" and (self.config.kernel_profile or state.request.feedback == "profile")
+        return JobPayload(
+            kind=kind, task_source=state.request.task_source, code=state.result.code, modules=modules,
+            kernel_names=kernel_names, runtime_build=self._runtime_build(),
+            ref_timing_cache=self.ref_cache.entries(state.task_hash) if self.config.ref_timing_cache else {},
+            config=job_config(self.config, kernel_profile=profile, profile_tools=self.profile_tools)).to_dict()
 
-    def _runtime_build(self) -> dict | None:
-        """What a worker needs to build an extension reached only at run time (build.RuntimeBuilder)."""
+    def _runtime_build(self) -> RuntimeBuild | None:
+        """What a worker needs to build an extension reached only at run time (worker/runtime_build.py)."""
         toolchain = getattr(self.compile_pool, "toolchain", None)
         if toolchain is None or not hasattr(toolchain, "to_dict"):
             return None
-        return {"toolchain": toolchain.to_dict(), "cache_dir": getattr(self.compile_pool, "cache_dir", None),
-                "timeout_s": self.config.compile_timeout_s}
+        return RuntimeBuild(toolchain=toolchain.to_dict(), cache_dir=getattr(self.compile_pool, "cache_dir", None),
+                            timeout_s=self.config.compile_timeout_s)
 
     def _apply_outcome(self, state: _State, outcome) -> dict | None:
         """Fold a worker outcome into the result; returns the worker's result dict (None if it crashed)."""
@@ -756,7 +756,7 @@ class Evaluator:
         r.stage_times.setdefault("run", 0.0)
         r.stage_times["total"] = time.monotonic() - state.started
         r.meta["profile"] = self.config.profile
-        r.hack_flags, advisory = profiles.split_flags(r.hack_flags, self.config.profile)
+        r.hack_flags, advisory = scoring.split_flags(r.hack_flags, self.config.profile)
         r.advisory_flags = r.advisory_flags + advisory
         mode = state.request.feedback
         r.feedback = feedback.render(r, self.config.max_feedback_chars, mode=mode)

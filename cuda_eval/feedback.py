@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuda_eval import kernel_profile
+from cuda_eval.profile import kernel_profile
 
 
 def _trim(text: str, limit: int) -> str:

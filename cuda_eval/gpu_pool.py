@@ -36,8 +36,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from cuda_eval import channel, safe_dirs
-from cuda_eval.channel import ChannelError
+from cuda_eval.protocol import channel
+from cuda_eval.protocol.channel import ChannelError
+from cuda_eval.sandbox import safe_dirs
 
 log = logging.getLogger(__name__)
 JUDGE_MARGIN_S = 60.0      # the judge's own work (reference, comparisons) on top of the job's timeout
@@ -124,13 +125,13 @@ def default_spawn(argv: list[str], workdir: str, limits: Any, env: dict[str, str
     otherwise keep going unwatched, e.g. a hung kernel spinning on the GPU for hours under the next run's timings
     (docs/LOG.md, "an orphaned evaluator worker found and fixed"). Safe because the slot thread starts, waits for and
     discards its own processes."""
-    from cuda_eval import sandbox
+    from cuda_eval.sandbox import runner as sandbox
     return sandbox.spawn_sandboxed(argv, workdir, limits, extra_env=env, die_with_parent_thread=True,
                                    pass_fds=tuple(pass_fds))
 
 
 def default_limits(config: PoolConfig, timeout_s: float):
-    from cuda_eval import sandbox
+    from cuda_eval.sandbox import runner as sandbox
     return sandbox.SandboxLimits(address_space_bytes=config.address_space_bytes, cpu_seconds=config.cpu_seconds,
                                  open_files=config.open_files, file_size_bytes=config.file_size_bytes,
                                  processes=config.processes, wall_timeout_s=timeout_s,
@@ -145,7 +146,7 @@ class GpuPool:
     def __init__(self, config: PoolConfig, *, spawn: Callable | None = None, limits: Callable | None = None):
         self.config = config
         if spawn is None:  # as root, refuse now (SandboxUnavailable) rather than fail every job later
-            from cuda_eval import sandbox
+            from cuda_eval.sandbox import runner as sandbox
             sandbox.identity_mode()
         self._spawn = spawn or default_spawn
         self._limits = limits or default_limits
@@ -456,7 +457,7 @@ class GpuPool:
             channel.send(sock, {"op": "output_buffer", "ok": False, "needed_bytes": need,
                                 "error": f"an output buffer of {size} bytes could not be made ({e})"})
             return None
-        from cuda_eval import sandbox
+        from cuda_eval.sandbox import runner as sandbox
         grant = _OutputGrant(self, token, fd, sandbox.exempt_from_disk_quota(fd))
         try:
             channel.send_fd(sock, {"op": "output_buffer", "ok": True, "bytes": size}, fd)
@@ -515,7 +516,7 @@ class _OutputGrant:
         """Our descriptor closed (the memory goes when the judge and the worker have closed theirs too)."""
         if self.fd < 0:
             return
-        from cuda_eval import sandbox
+        from cuda_eval.sandbox import runner as sandbox
         sandbox.end_disk_quota_exemption(self.quota_key)
         os.close(self.fd)
         self.fd = -1

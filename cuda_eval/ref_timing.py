@@ -13,7 +13,7 @@ import json
 import os
 import threading
 
-from cuda_eval import safe_dirs
+from cuda_eval.sandbox import safe_dirs
 
 
 def task_hash(task_source: str) -> str:

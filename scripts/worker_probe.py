@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "tests" / "cuda_eval"))
 
 
 def _ready(sock, timeout: float) -> str:
-    from cuda_eval import channel
+    from cuda_eval.protocol import channel
     try:
         header, _ = channel.recv(sock, deadline=time.monotonic() + timeout)
         return json.dumps(header, default=str)[:600]
@@ -33,7 +33,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--timeout", type=float, default=60)
     args = ap.parse_args()
-    from cuda_eval import sandbox
+    from cuda_eval.sandbox import runner as sandbox
     for module in ("cuda_eval.worker", "cuda_eval.judge"):
         # 1. plain subprocess (root, full environment): isolates sandbox effects.
         ours, theirs = socket.socketpair()

@@ -61,14 +61,15 @@ def task(name: str) -> str:
 
 
 def test_the_candidates_pass_the_kernelbench_static_rules_and_share_one_build():
-    from cuda_eval import checks, profiles
-    from cuda_eval.candidate import static_record_specs
+    from cuda_eval import scoring
+    from cuda_eval.static import checks
+    from cuda_eval.static.static_record import static_record_specs
     keys = set()
     for name in OUTPUTS:
         for wrong in (False, True):
             program = sweep.copy_candidate(task(name), wrong=wrong)
             flags = [f.to_dict() for f in checks.static_check(program, checks.StaticPolicy.named("kernelbench"))]
-            assert profiles.split_flags(flags, "kernelbench")[0] == [], (name, flags)
+            assert scoring.split_flags(flags, "kernelbench")[0] == [], (name, flags)
             specs = static_record_specs(program)
             assert specs is not None and len(specs) == 1, name
             keys.add(specs[0].key())

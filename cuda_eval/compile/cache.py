@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Mapping
 
-from cuda_eval import safe_dirs
+from cuda_eval.sandbox import safe_dirs
 
 
 @dataclasses.dataclass(frozen=True)

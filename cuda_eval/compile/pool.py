@@ -3,7 +3,7 @@
     with CompilePool(CompileConfig(workers=16)) as pool:
         outcome = pool.submit(task_source, code).result()    # CompileOutcome (plain data)
 
-Per candidate: record its extension specs in a sandboxed `python -m cuda_eval.record` (candidate executed on the CPU
+Per candidate: record its extension specs in a sandboxed `python -m cuda_eval.worker.record` (candidate executed on the CPU
 with load_inline intercepted, timeout record_timeout_s), then for every spec: a cache hit, or our build (build.py)
 in a fresh sandboxed build dir within compile_timeout_s, published into the content-addressed cache. Identical
 specs requested concurrently are built once. A bad candidate (infinite loop, fork bomb, huge allocation, compiler
@@ -26,13 +26,15 @@ import tempfile
 import threading
 import time
 
-from cuda_eval import flag_policy, safe_dirs
-from cuda_eval import sandbox as sb
-from cuda_eval import toolchain as tcmod
-from cuda_eval.build import COMPILE_NICE, Builder, BuildConfig, BuildResult, PchStore, pch_flags
-from cuda_eval.cache import BuildCache, UnsafeFile, read_untrusted
-from cuda_eval.candidate import BuiltModule, ExtensionSpec, speculate_specs, static_record_specs
-from cuda_eval.sandbox_runtime import world_readable
+from cuda_eval.compile import toolchain as tcmod
+from cuda_eval.compile.builder import COMPILE_NICE, BuildConfig, Builder, BuildResult
+from cuda_eval.compile.cache import BuildCache, UnsafeFile, read_untrusted
+from cuda_eval.compile.pch import PchStore, pch_flags
+from cuda_eval.protocol.extension_spec import CANDIDATE_FILE, RECORD_FILE, TASK_FILE, BuiltModule, ExtensionSpec
+from cuda_eval.sandbox import runner as sb, safe_dirs
+from cuda_eval.sandbox.runtime import world_readable
+from cuda_eval.static import flag_policy
+from cuda_eval.static.static_record import speculate_specs, static_record_specs
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +306,6 @@ class CompilePool:
         cfg = self.config
         rec_dir = os.path.join(job_dir, "record")
         os.makedirs(rec_dir)
-        from cuda_eval.record import CANDIDATE_FILE, TASK_FILE
         for name, text in ((TASK_FILE, task_source), (CANDIDATE_FILE, code)):
             with open(os.path.join(rec_dir, name), "w") as f:
                 f.write(text)
@@ -315,7 +316,7 @@ class CompilePool:
                                   nice=COMPILE_NICE)
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": os.path.join(rec_dir, "torch_extensions")}
-        res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.record", rec_dir], rec_dir, limits, extra_env=env)
+        res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.worker.record", rec_dir], rec_dir, limits, extra_env=env)
         outcome.timings["record_s"] = round(res["wall_s"], 4)
         outcome.timings["record_cpu_s"] = round(res["cpu_s"], 4)
         owner = res.get("uid") if res.get("uid") is not None else os.geteuid()
@@ -426,14 +427,13 @@ class CompilePool:
 
 
 class RecordCorrupted(ValueError):
-    """record.json is not what cuda_eval.record writes (tampered with by the program, or unreadable)."""
+    """record.json is not what cuda_eval.worker.record writes (tampered with by the program, or unreadable)."""
 
 
 def read_record(rec_dir: str, owner: int) -> tuple[dict | None, list[ExtensionSpec]]:
     """(record, specs) of <rec_dir>/record.json, a file the candidate's process wrote and may have replaced: read
     through a checked descriptor (a regular file with one link, owned by `owner`, at most MAX_RECORD_BYTES) and
     parsed as untrusted data. (None, []) if there is none; RecordCorrupted for anything else unexpected."""
-    from cuda_eval.record import RECORD_FILE
     try:
         data = read_untrusted(rec_dir, RECORD_FILE, owner=owner, max_bytes=MAX_RECORD_BYTES)
     except FileNotFoundError:

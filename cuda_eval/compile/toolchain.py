@@ -1,6 +1,6 @@
 """The build toolchain: versions that address the cache, and compiler flags taken from the installed torch.
 
-Flags are never hard-coded: a helper subprocess (`python -m cuda_eval.toolchain`, trusted code only: the caller's
+Flags are never hard-coded: a helper subprocess (`python -m cuda_eval.compile.toolchain`, trusted code only: the caller's
 process must not import torch) asks torch.utils.cpp_extension itself to write the ninja file it would use for a
 template extension whose user flags are placeholders, for each combination of the two conditional rules torch
 applies (user arch flags suppress torch's -gencode; a user -std= suppresses torch's). Per candidate, the template is
@@ -28,7 +28,9 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
-from cuda_eval import flag_policy, safe_dirs
+import cuda_eval
+from cuda_eval.sandbox import safe_dirs
+from cuda_eval.static import flag_policy
 
 # Bump when build.py changes what it produces for the same inputs (it addresses the cache).
 RECIPE_VERSION = "3"
@@ -207,10 +209,10 @@ def detect(arch: str = "auto", *, cache_dir: str | None = None, python: str | No
     record_dir = os.path.join(cache_dir, "toolchain") if cache_dir else None
     data = _read_record(record_dir, f"{key}.json") if record_dir else None
     if data is None:
-        proc = subprocess.run([python, "-m", "cuda_eval.toolchain", "--arch", arch], capture_output=True, text=True,
+        proc = subprocess.run([python, "-m", "cuda_eval.compile.toolchain", "--arch", arch], capture_output=True, text=True,
                               timeout=timeout_s, env={**os.environ, "PYTHONPATH": _pythonpath()})
         if proc.returncode != 0:
-            raise RuntimeError(f"toolchain detection failed (python -m cuda_eval.toolchain):\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"toolchain detection failed (python -m cuda_eval.compile.toolchain):\n{proc.stderr[-3000:]}")
         data = json.loads(proc.stdout)
         if record_dir:
             _write_record(record_dir, f"{key}.json", data)
@@ -255,7 +257,7 @@ def _write_record(record_dir: str, name: str, data: dict) -> None:
 
 
 def _pythonpath() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(cuda_eval.__file__)))   # what holds cuda_eval/
     return os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 

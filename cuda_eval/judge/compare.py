@@ -1,4 +1,4 @@
-"""Output comparison and memory-safety checks of the judge and the worker (imports torch: their processes only).
+"""Output comparison: is the candidate's output the reference's (the judge only; imports torch).
 
 `compare_outputs` implements KernelBench's rule (|c - r| <= atol + rtol * |r|, exact shapes) made stricter where
 KernelBench is lax: dtypes must match, NaN/Inf must appear exactly where the reference has them, integer and bool
@@ -11,26 +11,14 @@ from typing import Any
 
 import torch
 
-from cuda_eval.wire import Opaque, Received
+from cuda_eval.protocol import wire
+from cuda_eval.protocol.tensors import CHUNK_ELEMENTS, POISON_BYTE, bitwise_equal, flatten, same_scalar, tensor_bytes
+from cuda_eval.protocol.wire import Opaque, Received
 
-# Captured before any candidate code runs (the worker imports this module first), so a candidate that replaces
-# builtins or torch functions cannot change how we compare.
 _type = builtins.type
 _isinstance = builtins.isinstance
 _Tensor = torch.Tensor
 _float_dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-POISON_BYTE = 0xFF  # freed memory is filled with it: a float made of it is a NaN, so stale buffers cannot pass
-CHUNK_ELEMENTS = 1 << 24  # compared at a time: the float copies of a chunk stay ~0.5 GB whatever the output size
-
-
-def flatten(obj: Any) -> list:
-    """Leaves of a (possibly nested) tuple/list output, in order."""
-    if _type(obj) in (tuple, list):
-        out = []
-        for item in obj:
-            out.extend(flatten(item))
-        return out
-    return [obj]
 
 
 def structure(obj: Any) -> str:
@@ -44,18 +32,6 @@ def structure(obj: Any) -> str:
     if _type(obj) is Opaque:
         return obj.type_name
     return _type(obj).__name__
-
-
-def non_plain_tensors(obj: Any) -> list[str]:
-    """Names of the output leaves that are tensor subclasses or tensor-like wrappers (`__torch_function__`)."""
-    bad = []
-    for leaf in flatten(obj):
-        t = _type(leaf)
-        if t is _Tensor:
-            continue
-        if _isinstance(leaf, _Tensor) or hasattr(t, "__torch_function__") or hasattr(t, "__torch_dispatch__"):
-            bad.append(f"{t.__module__}.{t.__qualname__}")
-    return bad
 
 
 def compare_outputs(cand: Any, ref: Any, *, atol: float, rtol: float, strict_fp32: float | None = None) -> dict:
@@ -74,7 +50,7 @@ def compare_outputs(cand: Any, ref: Any, *, atol: float, rtol: float, strict_fp3
     for i, (c, r) in enumerate(zip(cand_leaves, ref_leaves)):
         where = f"output {i}: " if len(ref_leaves) > 1 else ""
         if not _isinstance(r, _Tensor):
-            if not _same_scalar(c, r):
+            if not same_scalar(c, r):
                 return fail(f"{where}expected {r!r}, got {structure(c)}")
             continue
         if _type(c) is Received:  # sent by the candidate's worker: host data, the device type it lived on
@@ -154,67 +130,68 @@ def _compare_chunk(c: torch.Tensor, r: torch.Tensor, *, atol: float, rtol: float
             "bad": int(bad.sum().item()), "nonfinite": 0}
 
 
-def _same_scalar(c: Any, r: Any) -> bool:
-    if _isinstance(c, _Tensor) or _type(c) in (Received, Opaque):
-        return False
-    try:
-        return bool(c == r) or (c != c and r != r)
-    except Exception:  # candidate-made objects may refuse comparison: that is a mismatch, not a crash
-        return False
-
-
-def bitwise_equal(a: Any, b: Any) -> bool:
-    """Exact equality of two outputs/input lists, bit for bit (NaNs included)."""
-    la, lb = flatten(a), flatten(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if _isinstance(x, _Tensor) != _isinstance(y, _Tensor):
-            return False
-        if not _isinstance(x, _Tensor):
-            if not _same_scalar(x, y):
-                return False
-            continue
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        bx, by = _bytes(x), _bytes(y)
-        step = CHUNK_ELEMENTS * 4      # in chunks: torch.equal's temporary is the size of what it compares
-        if any(not torch.equal(bx[i:i + step], by[i:i + step]) for i in range(0, bx.numel(), step)):
-            return False
-    return True
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def storage_span(t: torch.Tensor) -> tuple[int, int]:
-    """[start, end) byte range of the memory a tensor's storage owns."""
-    s = t.untyped_storage()
-    return s.data_ptr(), s.data_ptr() + s.nbytes()
-
-
-def overlaps(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
-    a0, a1 = storage_span(t)
-    if a1 == a0:
-        return False
-    for o in others:
-        b0, b1 = storage_span(o)
-        if b1 > b0 and a0 < b1 and b0 < a1 and o.device == t.device:
-            return True
-    return False
-
-
 def poison_fraction(t: torch.Tensor) -> float:
     """Fraction of a float tensor's elements whose bytes are all POISON_BYTE: memory the candidate never wrote."""
     if t.dtype not in _float_dtypes or t.numel() == 0:
         return 0.0
-    raw = _bytes(t).view(-1, t.element_size())
+    raw = tensor_bytes(t).view(-1, t.element_size())
     poisoned = 0
     for start in range(0, raw.shape[0], CHUNK_ELEMENTS):  # chunks: no temporaries the size of a multi-GB output
         poisoned += int((raw[start:start + CHUNK_ELEMENTS] == POISON_BYTE).all(dim=1).sum().item())
     return poisoned / raw.shape[0]
 
 
-def tensors_in(obj: Any) -> list[torch.Tensor]:
-    return [x for x in flatten(obj) if _isinstance(x, _Tensor)]
+# --- samples: an earlier output recognised without keeping it -------------------------------------------------
+SAMPLE_POSITIONS = 4096
+
+
+def output_sample(out: Any) -> tuple | None:
+    """Shape, dtype and the bytes at SAMPLE_POSITIONS evenly spaced elements of every output tensor: enough to
+    recognise an earlier trial's output among fresh random inputs without keeping every output in memory."""
+    parts = []
+    for x in flatten(out):
+        if not isinstance(x, wire.Received):
+            parts.append(("value", repr(x)))
+            continue
+        flat = x.tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // SAMPLE_POSITIONS)
+        picked = flat[::step][:SAMPLE_POSITIONS].contiguous().cpu()
+        parts.append((tuple(x.tensor.shape), str(x.tensor.dtype), picked.view(torch.uint8).numpy().tobytes()
+                      if picked.numel() else b""))
+    return tuple(parts) if parts else None
+
+
+def sampled(out: Any) -> Any:
+    """`out` with every tensor replaced by its elements at SAMPLE_POSITIONS evenly spaced flat positions (gathered
+    by index: no copy of a whole non-contiguous tensor), on the tensor's device; other leaves kept."""
+    def sample(t: torch.Tensor) -> torch.Tensor:
+        n = t.numel()
+        if n == 0 or t.dim() == 0:
+            return t.detach().reshape(-1).clone()
+        flat = torch.arange(0, n, max(1, n // SAMPLE_POSITIONS), device=t.device)[:SAMPLE_POSITIONS]
+        return t.detach()[torch.unravel_index(flat, t.shape)]
+
+    def walk(x: Any) -> Any:
+        if type(x) in (tuple, list):
+            return type(x)(walk(i) for i in x)
+        if isinstance(x, wire.Received):
+            return wire.Received(sample(x.tensor), x.device)
+        if isinstance(x, torch.Tensor):
+            return sample(x)
+        return x
+    return walk(out)
+
+
+def same_bytes(a: Any, b: Any) -> bool:
+    la, lb = flatten(a), flatten(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if isinstance(x, wire.Received) and isinstance(y, wire.Received):
+            # one may be a device snapshot and the other a host copy (the worker chooses how it sends)
+            if x.tensor.shape != y.tensor.shape or x.tensor.dtype != y.tensor.dtype or \
+                    not bitwise_equal(x.tensor, y.tensor.to(x.tensor.device)):
+                return False
+        elif isinstance(x, wire.Received) or isinstance(y, wire.Received) or x != y:
+            return False
+    return True

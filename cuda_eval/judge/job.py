@@ -1,10 +1,7 @@
-"""The judge: the trusted half of a GPU evaluation, in a process the candidate cannot touch.
+"""One job of the judge (judge/__main__.py, the trusted process the candidate cannot touch).
 
-    python -m cuda_eval.judge --device-type cuda|cpu      (started by gpu_pool.py; its socket to the pool is fd 3)
-
-One long-lived judge per device slot, under its own sandbox uid (never a candidate's), runs only our code and the
-task's reference program. Per job the pool hands it a socket to the candidate's worker (worker.py, another process
-under another uid) and the job. The judge then
+Per job the pool hands the judge a socket to the candidate's worker (worker/__main__.py, another process under
+another uid) and the job. The judge then
  1. loads the task, builds the reference model under the seed and runs it once (its ATen ops, whether it mutates or
     aliases its inputs, its output structure);
  2. times the reference on the timing inputs (or checks a cached time), holding the device lock, before any
@@ -30,26 +27,28 @@ docs/EVALUATOR.md, "Trust boundary".
 """
 from __future__ import annotations
 
-import gc
+import dataclasses
 import hashlib
 import json
 import os
 import secrets
 import socket
 import statistics
-import sys
 import time
-import traceback
 from typing import Any
 
 import torch
 
-from cuda_eval import channel, compare, dynamic_checks, harness, kernel_profile, kernel_profiler, timing, wire
-from cuda_eval.channel import ChannelError
-from cuda_eval.compare import bitwise_equal, compare_outputs, tensors_in
-from cuda_eval.harness import (MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
-                               dtype_signature, format_exception, init_inputs, load_task, make_inputs, map_tree,
-                               milestone, process_arguments, set_seed, trial_seed, tree_nbytes)
+from cuda_eval.judge import compare
+from cuda_eval.judge.compare import compare_outputs
+from cuda_eval.profile import kernel_profile, kernel_profiler
+from cuda_eval.protocol import channel, harness, tensors, timing, tracing, wire
+from cuda_eval.protocol.channel import ChannelError
+from cuda_eval.protocol.harness import (MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
+                                        dtype_signature, format_exception, init_inputs, load_task, make_inputs,
+                                        map_tree, set_seed, tree_nbytes, trial_seed)
+from cuda_eval.protocol.job import JobPayload
+from cuda_eval.protocol.tensors import bitwise_equal, tensors_in
 
 _monotonic = time.monotonic
 REF_DRIFT = 1.5               # a cached reference time is checked before each candidate: off by more = drift
@@ -106,18 +105,18 @@ class TaskTooLarge(Exception):
 class Job:
     def __init__(self, payload: dict, device: Device, sock: socket.socket, timeout_s: float,
                  worker_pid: int | None = None, ctl: socket.socket | None = None):
-        self.payload = payload
+        self.payload = JobPayload.from_dict(payload)   # checked here: a malformed one is our bug (internal error)
         self.worker_pid = worker_pid if isinstance(worker_pid, int) and worker_pid > 0 else None
         self.ctl = ctl             # our socket to the pool: it makes the job's output buffer
-        self.kind = payload.get("kind", "evaluate")
-        self.cfg = payload["config"]
-        self.dyn = self.cfg.get("dynamic", {})
+        self.kind = self.payload.kind
+        self.settings = self.payload.config
+        self.kernel_names = self.payload.kernel_names
         self.device = device
         self.sock = sock
         self.deadline = _monotonic() + timeout_s
-        self.seed = int(self.cfg.get("seed", 42))
-        self.atol, self.rtol = float(self.cfg.get("atol", 1e-2)), float(self.cfg.get("rtol", 1e-2))
-        self.strict = self.cfg.get("strict_fp32")
+        self.seed = self.settings.seed
+        self.atol, self.rtol = self.settings.atol, self.settings.rtol
+        self.strict = self.settings.strict_fp32
         self.flags: list[dict] = []
         self.trials: list[dict] = []
         self.meta: dict = {"phase_s": {}}
@@ -279,7 +278,7 @@ class Job:
             torch.cuda.reset_peak_memory_stats()
         self.phase("load_task")
         try:
-            self.task = load_task(self.payload["task_source"])
+            self.task = load_task(self.payload.task_source)
             set_seed(self.seed)
             self.ref_model = self.task.Model(*map_tree(init_inputs(self.task, self.device, self.seed),
                                                        lambda t: t.clone())).to(self.device.torch_device)
@@ -296,7 +295,7 @@ class Job:
         # one output and two copies of the inputs are alive here (a 6-8 GB output held a few times over would take
         # the card the candidate needs next).
         ref_mutates = not bitwise_equal(warm_inputs, guard)
-        ref_aliases = any(compare.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
+        ref_aliases = any(tensors.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
         self.output_sizes = output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
         # Over 1 GiB, the judge keeps one trial's output at a time (samples of the earlier ones): on the card, the
@@ -313,7 +312,7 @@ class Job:
         warm_digest = self._digest(warm_out)
         del warm_out, warm_inputs
         try:  # the reference's own ATen ops (a task whose ops cannot run under a dispatch mode just gets none)
-            self.ref_ops = dynamic_checks.reference_compute_ops(
+            self.ref_ops = tracing.reference_compute_ops(
                 lambda: self.ref_model(*map_tree(guard, lambda t: t.clone())))
         except Exception as e:
             self.ref_ops = []
@@ -343,9 +342,10 @@ class Job:
         self.shared = self.output_buffer()
         if self.device.type == "cuda":
             self.meta["outputs_pinned"] = self.shared.pin()
-        job = {"op": "job", "task_source": self.payload["task_source"], "code": self.payload["code"],
-               "modules": self.payload.get("modules", []), "kernel_names": self.payload.get("kernel_names", []),
-               "runtime_build": self.payload.get("runtime_build"), "config": self.cfg, "kind": self.kind,
+        payload = self.payload.to_dict()
+        job = {"op": "job", "task_source": payload["task_source"], "code": payload["code"],
+               "modules": payload["modules"], "kernel_names": payload["kernel_names"],
+               "runtime_build": payload["runtime_build"], "config": payload["config"], "kind": self.kind,
                "ref": {"ops": self.ref_ops, "mutates_inputs": ref_mutates, "aliases_inputs": ref_aliases,
                        "output_sizes": output_sizes, "rng_dependent": self.rng_dependent}}
         try:
@@ -355,7 +355,7 @@ class Job:
         self.job_sent = True
         self.recv("loaded")
         self.phase("correctness")
-        self.run_trials(1 if self.kind == "retime" else int(self.cfg.get("num_trials", 5)))
+        self.run_trials(1 if self.kind == "retime" else self.settings.num_trials)
         if not self.correct:
             self.phase("final_checks")
             self.ask("finish", "final")
@@ -363,14 +363,14 @@ class Job:
         self.phase("timing")
         self.time_candidate()
         self.check_repeats()
-        if self.kind == "evaluate" and self.device.type == "cuda" and self.dyn.get("kernel_trace", True):
+        if self.kind == "evaluate" and self.device.type == "cuda" and self.settings.dynamic.kernel_trace:
             self.phase("kernel_trace")
             self.ask("kernel_trace", "traced")
             self.judge_call_trace()
         self.phase("final_checks")
         # The worker stays for a profile only after its final checks: a candidate that crashes or hangs when it is
         # profiled has nothing left to escape.
-        profile_next = self.kind == "evaluate" and bool(self.cfg.get("kernel_profile")) and bool(self.timing)
+        profile_next = self.kind == "evaluate" and self.settings.kernel_profile and bool(self.timing)
         self.ask("finish", "final", stay=profile_next)
         if profile_next and not self.flags:
             self.phase("profile")
@@ -378,7 +378,7 @@ class Job:
                 self.meta["kernel_profile"] = self.kernel_profile()
             except Exception as e:  # noqa: BLE001 - a bug of ours here is a reason, never an internal-error verdict
                 self.meta["kernel_profile"] = {"error": f"internal: {type(e).__name__}: {e}"[:500]}
-        if self.cfg.get("ref_compile") and self.device.type == "cuda":
+        if self.settings.ref_compile and self.device.type == "cuda":
             # Here, not in the candidate's process: torch.compile patches torch.nn.Module and starts threads,
             # which the worker's checks would pin on the candidate.
             self.phase("ref_compile")
@@ -555,27 +555,27 @@ class Job:
                 self.correct = False
                 self._explain_mismatch(t, out_c, prev_c, prev_r, earlier)
                 return
-            earlier.append(_output_sample(out_c))
+            earlier.append(compare.output_sample(out_c))
             if self.large_output:  # samples only: `earlier` then finds a repeated output, prev_r a stale one
-                prev_c, prev_r = None, _sampled(out_r)
+                prev_c, prev_r = None, compare.sampled(out_r)
                 out_c = out_r = None  # gone before the next trial's reference runs
             else:
                 prev_c, prev_r = out_c, out_r
 
     def _explain_mismatch(self, t: int, out_c, prev_c, prev_r, earlier: list) -> None:
         """A wrong output that is really a hack: stale memory, or an earlier call's result."""
-        leaves = [x.tensor for x in compare.flatten(out_c) if isinstance(x, wire.Received)]
+        leaves = [x.tensor for x in tensors.flatten(out_c) if isinstance(x, wire.Received)]
         poisoned = max((compare.poison_fraction(x) for x in leaves), default=0.0)
         if poisoned > 0.5:
             self.flag("stale_output", f"trial {t}: {poisoned:.0%} of the output is memory the candidate never wrote")
-        sample = _output_sample(out_c)
-        if prev_c is not None and _same_bytes(out_c, prev_c):
+        sample = compare.output_sample(out_c)
+        if prev_c is not None and compare.same_bytes(out_c, prev_c):
             self.flag("cached_output", f"trial {t}: fresh inputs gave exactly the previous trial's output")
         elif sample is not None and sample in earlier:
             self.flag("cached_output", f"trial {t}: fresh inputs gave trial {earlier.index(sample)}'s output "
-                      f"(equal at {SAMPLE_POSITIONS} sampled positions per output tensor)")
+                      f"(equal at {compare.SAMPLE_POSITIONS} sampled positions per output tensor)")
         elif prev_r is not None and compare_outputs(
-                _sampled(out_c) if self.large_output else out_c, prev_r,
+                compare.sampled(out_c) if self.large_output else out_c, prev_r,
                 atol=self.atol, rtol=self.rtol)["passed"]:
             self.flag("stale_output", f"trial {t}: output equals the previous trial's reference output")
 
@@ -584,11 +584,11 @@ class Job:
         if self.timing_config.method == "kernelbench":
             return 1  # KernelBench times one input set
         per_set = max(1, tree_nbytes(self.inputs(self.seed + TIMING_SEED)))
-        budget = int(self.cfg.get("timing_inputs_max_bytes", 4 << 30))
-        return max(1, min(int(self.cfg.get("timing_input_sets", 4)), budget // per_set))
+        budget = self.settings.timing_inputs_max_bytes
+        return max(1, min(self.settings.timing_input_sets, budget // per_set))
 
     def time_reference(self, use_cache: bool) -> None:
-        tcfg = self.timing_config = timing.TimingConfig(**self.cfg.get("timing", {}))
+        tcfg = self.timing_config = timing.TimingConfig(**dataclasses.asdict(self.settings.timing))
         # Every call of the candidate (trials too) runs in groups timed by this method; KernelBench's own protocol
         # is only for its timing loop.
         self.group_method = tcfg.method if tcfg.method != "kernelbench" else "gated"
@@ -596,9 +596,9 @@ class Job:
         n_sets = self.n_sets = self.timing_sets()
         self.meta["timing_input_sets"] = n_sets
         key_parts = [self.device.name, f"torch {torch.__version__}", self.input_dtypes, f"sets {n_sets}",
-                     json.dumps(self.cfg.get("timing", {}), sort_keys=True), timing.timer_name(timer)]
+                     json.dumps(dataclasses.asdict(self.settings.timing), sort_keys=True), timing.timer_name(timer)]
         self.ref_timing_key = " | ".join(key_parts)
-        cached = (self.payload.get("ref_timing_cache") or {}).get(self.ref_timing_key) if use_cache else None
+        cached = self.payload.ref_timing_cache.get(self.ref_timing_key) if use_cache else None
         if cached is not None and not isinstance(channel.finite((cached or {}).get("median_ms")), float):
             cached = None
         sets = [self.inputs(self.seed + TIMING_SEED + i) for i in range(n_sets)]
@@ -683,7 +683,7 @@ class Job:
     def _group_size(self) -> int:
         """Calls per group: the inputs and outputs of a whole group live at once (in the worker, then in the judge's
         replay), within timing_inputs_max_bytes."""
-        budget = int(self.cfg.get("timing_inputs_max_bytes", 4 << 30))
+        budget = self.settings.timing_inputs_max_bytes
         return max(1, min(GROUP_MAX, budget // max(1, self.input_bytes + self.output_bytes)))
 
     def _timing_group(self, n: int, *, reveal: bool, replay: bool) -> dict | None:
@@ -822,7 +822,7 @@ class Job:
         if busy > WALL_TOLERANCE * reported + TRACE_SLACK_MS * calls:
             self.flag("timing_inconsistent", f"the GPU ran the candidate's kernels for {busy:.4g} ms during calls "
                                              f"reported as {reported:.4g} ms in all (kernel trace)")
-        if self.payload.get("kernel_names") and self.dyn.get("require_custom_kernel", True):
+        if self.kernel_names and self.settings.dynamic.require_custom_kernel:
             missing = sum(1 for w in windows if isinstance(w, list) and len(w) > 1 and not w[1])
             if missing:
                 self.flag("no_custom_kernel", f"in {missing} of {len(windows)} groups of calls none of the program's "
@@ -830,23 +830,23 @@ class Job:
         foreign = self.meta.get("call_foreign_kernels") or {}
         ref_kernels = set(self._reference_kernels())
         shared = [n for n in foreign if n in ref_kernels]
-        if shared and self.dyn.get("forbid_reference_ops", True):
+        if shared and self.settings.dynamic.forbid_reference_ops:
             self.flag("reference_op", f"forward ran the reference's own GPU kernels: {shared[0][:120]}")
-        heavy = [n for n in foreign if dynamic_checks.HEAVY_KERNEL.search(n)]
-        if heavy and self.dyn.get("forbid_library_heavy_ops", True):
+        heavy = [n for n in foreign if tracing.HEAVY_KERNEL.search(n)]
+        if heavy and self.settings.dynamic.forbid_library_heavy_ops:
             self.flag("library_heavy_op", f"forward ran library GEMM/convolution kernels: {heavy[0][:120]}")
 
     def _reference_kernels(self) -> list[str]:
         """Names of the compute kernels the reference launches (one traced forward, once per task and judge)."""
         if self.device.type != "cuda":
             return []
-        key = hashlib.sha256(self.payload["task_source"].encode()).hexdigest() + f"|{self.seed}"
+        key = hashlib.sha256(self.payload.task_source.encode()).hexdigest() + f"|{self.seed}"
         if key not in _REFERENCE_KERNELS:
             try:
                 inputs = self.inputs(self.seed + TIMING_SEED)
-                with dynamic_checks.KernelTrace() as trace:
+                with tracing.KernelTrace() as trace:
                     self.reference(inputs, self.seed)
-                names = sorted({k.name[:200] for k in trace.kernels if not dynamic_checks.ALLOC_KERNEL.search(k.name)})
+                names = sorted({k.name[:200] for k in trace.kernels if not tracing.ALLOC_KERNEL.search(k.name)})
             except Exception as e:  # noqa: BLE001 - no CUPTI in the judge: the kernel-name check is skipped
                 self.meta["reference_kernels_error"] = f"{type(e).__name__}: {e}"[:300]
                 return []
@@ -919,7 +919,7 @@ class Job:
         task and judge), the whole forward's bytes and FLOPs over the measured times. Never raises: a failed part is
         a reason in the dict ("error" when the candidate's own profile is missing)."""
         started = _monotonic()
-        deadline = min(self.deadline, started + float(self.cfg.get("kernel_profile_timeout_s", 30.0)))
+        deadline = min(self.deadline, started + self.settings.kernel_profile_timeout_s)
         notes: dict[str, str] = {}
         cost: dict[str, float] = {}
         try:
@@ -947,7 +947,7 @@ class Job:
         ref = self._reference_profile()
         cost["reference"] = round(_monotonic() - t0, 4)
         if not cand.get("error"):
-            kernel_profile.annotate(cand, limits, resources, self.payload.get("kernel_names") or [])
+            kernel_profile.annotate(cand, limits, resources, self.kernel_names)
         side = ref.get("side") or {"error": ref.get("error", "no reference profile")}
         if not side.get("error"):
             side = kernel_profile.annotate(dict(side, kernels=[dict(k) for k in side.get("kernels", [])]), limits)
@@ -969,7 +969,7 @@ class Job:
 
     def _ask_profile(self, forwards: int, deadline: float) -> Any:
         """The worker's profile: its answer's flags and meta are not read (nothing after the final checks counts)."""
-        self.send("profile", forwards=forwards, tools=self.cfg.get("profile_tools") or {})
+        self.send("profile", forwards=forwards, tools=self.settings.profile_tools)
         header, _ = channel.recv(self.sock, max_header=CONTROL_MESSAGE_BYTES, deadline=deadline)
         if header.get("op") != "profiled":
             raise WorkerLost("protocol", f"expected 'profiled' from the worker, got {str(header.get('op'))[:40]!r}")
@@ -987,7 +987,7 @@ class Job:
 
     def _reference_profile(self) -> dict:
         """The reference's profile, FLOPs and bytes: {side, flops, input_bytes, param_bytes, cached} or {error}."""
-        key = hashlib.sha256(self.payload["task_source"].encode()).hexdigest() + f"|{self.seed}"
+        key = hashlib.sha256(self.payload.task_source.encode()).hexdigest() + f"|{self.seed}"
         if key in _REFERENCE_PROFILES:
             return dict(_REFERENCE_PROFILES[key], cached=True)
         try:
@@ -1119,136 +1119,3 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if depth < 3 and isinstance(value, dict):
         return {str(k)[:64]: _plain(v, depth + 1) for k, v in list(value.items())[:32]}
     return None
-
-
-SAMPLE_POSITIONS = 4096
-
-
-def _output_sample(out: Any) -> tuple | None:
-    """Shape, dtype and the bytes at SAMPLE_POSITIONS evenly spaced elements of every output tensor: enough to
-    recognise an earlier trial's output among fresh random inputs without keeping every output in memory."""
-    parts = []
-    for x in compare.flatten(out):
-        if not isinstance(x, wire.Received):
-            parts.append(("value", repr(x)))
-            continue
-        flat = x.tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // SAMPLE_POSITIONS)
-        picked = flat[::step][:SAMPLE_POSITIONS].contiguous().cpu()
-        parts.append((tuple(x.tensor.shape), str(x.tensor.dtype), picked.view(torch.uint8).numpy().tobytes()
-                      if picked.numel() else b""))
-    return tuple(parts) if parts else None
-
-
-def _sampled(out: Any) -> Any:
-    """`out` with every tensor replaced by its elements at SAMPLE_POSITIONS evenly spaced flat positions (gathered
-    by index: no copy of a whole non-contiguous tensor), on the tensor's device; other leaves kept."""
-    def sample(t: torch.Tensor) -> torch.Tensor:
-        n = t.numel()
-        if n == 0 or t.dim() == 0:
-            return t.detach().reshape(-1).clone()
-        flat = torch.arange(0, n, max(1, n // SAMPLE_POSITIONS), device=t.device)[:SAMPLE_POSITIONS]
-        return t.detach()[torch.unravel_index(flat, t.shape)]
-
-    def walk(x: Any) -> Any:
-        if type(x) in (tuple, list):
-            return type(x)(walk(i) for i in x)
-        if isinstance(x, wire.Received):
-            return wire.Received(sample(x.tensor), x.device)
-        if isinstance(x, torch.Tensor):
-            return sample(x)
-        return x
-    return walk(out)
-
-
-def _same_bytes(a: Any, b: Any) -> bool:
-    la, lb = compare.flatten(a), compare.flatten(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if isinstance(x, wire.Received) and isinstance(y, wire.Received):
-            # one may be a device snapshot and the other a host copy (the worker chooses how it sends)
-            if x.tensor.shape != y.tensor.shape or x.tensor.dtype != y.tensor.dtype or \
-                    not bitwise_equal(x.tensor, y.tensor.to(x.tensor.device)):
-                return False
-        elif isinstance(x, wire.Received) or isinstance(y, wire.Received) or x != y:
-            return False
-    return True
-
-
-def _loop_overhead_ms(device: Device) -> float:
-    """Per-call cost of the timing loop outside the candidate's work (flush, synchronisations, the call itself),
-    from an empty loop: what the wall-clock bound allows for on top of the reported times."""
-    calls = 40
-    t0 = _monotonic()
-    device.timer.time(lambda _k: None, warmup=0, reps=calls, l2_flush_bytes=timing.l2_flush_bytes(device.type))
-    return max(0.02, 2.0 * (_monotonic() - t0) * 1e3 / calls)
-
-
-def _start_kernel_tracing(device: Device) -> None:
-    """Loads CUPTI now (seconds, once per judge): the reference's kernels are traced once per task."""
-    try:
-        with dynamic_checks.KernelTrace():
-            torch.ones(8, device="cuda").add_(1)
-        device.info["reference_kernel_trace"] = True
-    except Exception as e:  # noqa: BLE001 - then the kernel-name check is skipped (meta says why)
-        device.info["reference_kernel_trace"] = f"{type(e).__name__}: {e}"[:300]
-
-
-def _serve(ctl: socket.socket, device: Device) -> None:
-    while True:
-        try:
-            header, fd = channel.recv_fd(ctl)
-        except ChannelError:
-            return  # the pool is gone
-        if header.get("op") == "quit":
-            return
-        if header.get("op") != "job" or fd is None:
-            channel.send(ctl, {"op": "verdict", "result": None, "error": "malformed job message"})
-            continue
-        sock = socket.socket(fileno=fd)
-        started = _monotonic()
-        job = None
-        try:
-            job = Job(header["payload"], device, sock, float(header.get("timeout_s", 180.0)),
-                      worker_pid=header.get("worker_pid"), ctl=ctl)
-            result = job.run()
-        except BaseException:  # a bug of ours: reported as such, never as the candidate's failure
-            result = job.verdict("internal_error", traceback.format_exc()[-MAX_ERROR_CHARS:]) if job else \
-                {"status": "internal_error", "internal_error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
-        finally:
-            sock.close()
-            if job is not None and job.shared is not None:
-                job.shared.close()
-        result.setdefault("meta", {})["judge_s"] = round(_monotonic() - started, 4)
-        channel.send(ctl, {"op": "verdict", "result": result})
-        del job
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = process_arguments(__doc__.split("\n")[0])
-    args = parser.parse_args(argv)
-    ctl = socket.socket(fileno=args.channel_fd)
-    try:
-        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="judge", checks=False,
-                        intent_fd=args.device_intent_fd)
-        with device.exclusive():
-            device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
-            if device.type == "cuda":
-                _start_kernel_tracing(device)
-    except BaseException as e:
-        channel.send(ctl, {"op": "ready", "ok": False, "error": format_exception(e, "judge start")})
-        sys.stderr.write(traceback.format_exc())
-        os._exit(3)
-    milestone("judge", "ready")
-    channel.send(ctl, {"op": "ready", "ok": True, "info": device.info})
-    _serve(ctl, device)
-    sys.stderr.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from cuda_eval import kernel_profile
+from cuda_eval.profile import kernel_profile
 
 # Captured at import, before any candidate code runs in a worker.
 _cuda_synchronize = torch.cuda.synchronize

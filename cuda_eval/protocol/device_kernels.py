@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval.wire import Received
+from cuda_eval.protocol.wire import Received
 
 _cuda_synchronize = torch.cuda.synchronize
 WORDS_PER_LANE = 16

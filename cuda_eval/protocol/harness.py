@@ -11,7 +11,6 @@ import builtins
 import contextlib
 import fcntl
 import gc
-import importlib
 import linecache
 import os
 import random
@@ -23,8 +22,8 @@ from typing import Any
 
 import torch
 
-from cuda_eval import device_kernels, dynamic_checks, timing
-from cuda_eval.compare import tensors_in
+from cuda_eval.protocol import device_kernels, timing, tracing
+from cuda_eval.protocol.tensors import tensors_in
 
 # Captured before any candidate code runs (a candidate replacing them is flagged as monkeypatch; in the judge no
 # candidate code ever runs).
@@ -36,6 +35,8 @@ _cuda_sleep = getattr(torch.cuda, "_sleep", None)
 _CudaEvent = torch.cuda.Event
 TASK_MODULE = "kernelbench_task"
 CANDIDATE_MODULE = "kernelbench_candidate"
+TASK_FILENAME = "<kernelbench-task>"   # the file names the task's and the candidate's code run under (tracebacks,
+CANDIDATE_FILENAME = "<candidate>"     # and the worker's profile hook, which tells whose code is running)
 MAX_ERROR_CHARS = 2500
 CHANNEL_FD = 3  # the socket each judge / worker process gets from the pool (sandbox pass_fds)
 
@@ -94,7 +95,7 @@ def set_seed(seed: int) -> None:
 def format_exception(exc: BaseException, context: str) -> str:
     """`context: Type: message` plus the candidate's own frames (not ours, not torch's), trimmed."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename in (dynamic_checks.CANDIDATE_FILENAME, dynamic_checks.TASK_FILENAME)]
+              if f.filename in (CANDIDATE_FILENAME, TASK_FILENAME)]
     message = str(exc).split("\nCUDA kernel errors might be asynchronously reported")[0]
     message = message.split("\nFor debugging consider passing CUDA_LAUNCH_BLOCKING")[0].strip()
     text = f"{context}: {type(exc).__name__}: {message}"
@@ -120,7 +121,7 @@ def dtype_signature(obj: Any) -> str:
 
 
 def load_task(source: str) -> types.ModuleType:
-    task = exec_module(source, TASK_MODULE, dynamic_checks.TASK_FILENAME)
+    task = exec_module(source, TASK_MODULE, TASK_FILENAME)
     for name in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(task, name):
             raise AttributeError(f"the task defines no {name}")
@@ -198,11 +199,12 @@ class Device:
     """The device of a judge or worker process. `lock_fd`: a descriptor of the file all processes of the same GPU
     lock (handed over by the pool): exclusive flock while one initialises CUDA (start-up) and while the judge times,
     so that a process starting up never disturbs a measurement (the kernel releases the lock if a process dies);
-    `intent_fd` (the judge's) lets it past a trainer that shares the GPU. `checks`: the candidate's worker also
-    prepares the kernel trace and the fork-check gate."""
+    `intent_fd` (the judge's) lets it past a trainer that shares the GPU. `checks`: the candidate's worker passes
+    its checks' start-up (worker/dynamic_checks.StartUp: `host()`, `cuda(info, milestone)`), made ready here before
+    any candidate code exists; the judge passes None (this module never imports the worker's code)."""
 
     def __init__(self, device_type: str, cpu_threads: int, lock_fd: int | None = None, *, who: str,
-                 checks: bool, intent_fd: int | None = None):
+                 checks: Any, intent_fd: int | None = None):
         self.type = device_type
         self.lock_fd = lock_fd
         self.intent_fd = intent_fd
@@ -252,17 +254,15 @@ class Device:
             os.close(self.lock_fd)
             self.lock_fd = None
 
-    def _warm_up_host(self, checks: bool) -> None:
+    def _warm_up_host(self, checks) -> None:
         """First uses that cost seconds on the host (dispatch-mode machinery, profiler import) belong to start-up,
         which the pool hides behind earlier candidates."""
         x = torch.ones(8)
-        dynamic_checks.reference_compute_ops(lambda: torch.relu(x) + 1)
-        if checks:
-            with dynamic_checks.ForwardTrace([]):
-                torch.relu(x)
-            importlib.import_module("torch.profiler")  # imported now, activated only for the kernel trace
+        tracing.reference_compute_ops(lambda: torch.relu(x) + 1)
+        if checks is not None:
+            checks.host()
 
-    def _init_device(self, device_type: str, cpu_threads: int, checks: bool) -> None:
+    def _init_device(self, device_type: str, cpu_threads: int, checks) -> None:
         if device_type == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("device_type='cuda' but torch sees no CUDA device")
@@ -292,16 +292,8 @@ class Device:
         if self.type == "cuda":  # timer dlopen + scratch buffer, allocator snapshot, CUPTI: first uses are slow
             self.timer.time(lambda _k: None, warmup=1, reps=2, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
             milestone(self.who, f"timer {self.info['timer']} works")
-            if checks:
-                dynamic_checks.poison_free_memory("cuda")
-                milestone(self.who, "free memory poisoned; starting the kernel trace (CUPTI)")
-                try:
-                    with dynamic_checks.KernelTrace():
-                        torch.ones(8, device="cuda").add_(1)
-                    self.info["kernel_trace"] = True
-                except Exception as e:  # no CUPTI here: the job then skips the kernel trace and says so
-                    self.info["kernel_trace"] = False
-                    self.info["kernel_trace_error"] = f"{type(e).__name__}: {e}"[:300]
+            if checks is not None:
+                checks.cuda(self.info, lambda what: milestone(self.who, what))
             try:
                 self.info["gate_cycles_per_ms"] = self._gate_cycles_per_ms()
             except Exception as e:  # gated timing falls back to device_sync and the fork check is skipped

@@ -49,7 +49,7 @@ class SharedBuffer:
 
     def __init__(self, size: int | None = None, fd: int | None = None):
         import mmap
-        from cuda_eval.channel import output_memfd
+        from cuda_eval.protocol.channel import output_memfd
         if fd is None:
             fd = output_memfd(size)
         self.fd = fd

@@ -58,8 +58,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cuda_eval import _native
-from cuda_eval import cgroups, safe_dirs, sandbox_runtime
-from cuda_eval.sandbox_runtime import RuntimeView, runtime_view, why_unreadable
+from cuda_eval.sandbox import cgroups, runtime as sandbox_runtime, safe_dirs
+from cuda_eval.sandbox.runtime import RuntimeView, runtime_view, why_unreadable
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ _SCAN_ROOTS: tuple[tuple[str, int], ...] = (("/", 2), ("/var/lib", 2), ("/var/sp
 _SCAN_SKIP = ("/proc", "/sys")
 # How deep the sweep follows world-writable dirs that the uid does not own (it removes whole trees it owns).
 _SWEEP_DEPTH = 8
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_PARENT = os.path.dirname(sandbox_runtime.PACKAGE_DIR)   # what holds cuda_eval/: on the sandbox's PYTHONPATH
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,9 +31,10 @@ import sysconfig
 import tempfile
 import threading
 
-from cuda_eval import safe_dirs
+import cuda_eval
+from cuda_eval.sandbox import safe_dirs
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(cuda_eval.__file__))  # the whole package, not this folder
 RUNTIME_DIR = os.environ.get("CUDA_EVAL_SANDBOX_RUNTIME_DIR", "/tmp/cuda_eval_runtime")
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip"}
 # Never part of a content stamp: our own imports rewrite them, and a stale .pyc is only slower, never wrong.

@@ -21,7 +21,7 @@ import dataclasses
 import re
 from typing import Iterable
 
-from cuda_eval import pysource
+from cuda_eval.static import pysource
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,11 +36,16 @@ from typing import Any
 
 import torch
 
-from cuda_eval import channel, dynamic_checks, harness, kernel_profiler, timing, wire
-from cuda_eval.channel import ChannelError
-from cuda_eval.compare import bitwise_equal, non_plain_tensors, overlaps, tensors_in
-from cuda_eval.harness import (CANDIDATE_MODULE, CandidateError, Device, exec_module, format_exception, init_inputs,
-                               load_task, make_inputs, map_tree, milestone, process_arguments, set_seed)
+from cuda_eval.profile import kernel_profiler
+from cuda_eval.protocol import channel, harness, timing, tracing, wire
+from cuda_eval.protocol.channel import ChannelError
+from cuda_eval.protocol.harness import (CANDIDATE_MODULE, CandidateError, Device, exec_module, format_exception,
+                                        init_inputs, load_task, make_inputs, map_tree, milestone, process_arguments,
+                                        set_seed)
+from cuda_eval.protocol.job import JobConfig, RuntimeBuild
+from cuda_eval.protocol.tensors import bitwise_equal, overlaps, tensors_in
+from cuda_eval.worker import dynamic_checks
+from cuda_eval.worker.dynamic_checks import non_plain_tensors
 
 # Captured before any candidate code runs: a candidate replacing these (flagged as monkeypatch) cannot change how
 # we synchronise, seed or time.
@@ -136,9 +141,11 @@ class Worker:
     # steps
     def load(self, job: dict) -> None:
         self.job = job
-        self.cfg = job["config"]
-        self.dyn = self.cfg.get("dynamic", {})
-        self.seed = int(self.cfg.get("seed", 42))
+        # The judge's job: the evaluator's settings checked field by field (protocol/job.py), no defaults of ours.
+        self.settings = JobConfig.from_dict(job["config"])
+        self.dyn = self.settings.dynamic
+        self.modules, self.kernel_names = list(job["modules"]), list(job["kernel_names"])
+        self.seed = self.settings.seed
         ref = job.get("ref") or {}
         self.ref_ops = list(ref.get("ops") or [])
         self.ref_mutates_inputs = bool(ref.get("mutates_inputs"))
@@ -155,13 +162,13 @@ class Worker:
         self.snapshot = dynamic_checks.IdentitySnapshot(
             dynamic_checks.default_watch_modules() + own,
             dynamic_checks.default_watch_classes() + [self.task.Model, Worker, Device, dynamic_checks.ForwardTrace,
-                                                      dynamic_checks.KernelTrace, dynamic_checks.IdentitySnapshot,
+                                                      tracing.KernelTrace, dynamic_checks.IdentitySnapshot,
                                                       dynamic_checks.ThreadWatch],
             {"task": vars(self.task)})
         self.threads = dynamic_checks.ThreadWatch()
         self._install_prebuilt()
         try:
-            self.cand_module = exec_module(job["code"], CANDIDATE_MODULE, dynamic_checks.CANDIDATE_FILENAME)
+            self.cand_module = exec_module(job["code"], CANDIDATE_MODULE, harness.CANDIDATE_FILENAME)
         except BaseException as e:
             raise CandidateError(format_exception(e, "importing the candidate"))
         if not hasattr(self.cand_module, "ModelNew"):
@@ -274,24 +281,24 @@ class Worker:
         d = self.dyn
         py_ops, heavy = trace.python_compute_ops(), trace.heavy_ops()
         ref_shared = [op for op in trace.compute_ops() if op in set(self.ref_ops)]
-        if d.get("forbid_python_torch_compute", True) and py_ops:
+        if d.forbid_python_torch_compute and py_ops:
             self.flag("torch_compute_in_forward", f"forward ran PyTorch ops from Python: {', '.join(py_ops[:6])}")
-        if d.get("forbid_reference_ops", True) and ref_shared:
+        if d.forbid_reference_ops and ref_shared:
             self.flag("reference_op", f"forward ran the reference's PyTorch ops: {', '.join(ref_shared[:6])}")
-        if d.get("forbid_library_heavy_ops", True) and heavy:
+        if d.forbid_library_heavy_ops and heavy:
             self.flag("library_heavy_op", f"forward ran PyTorch library ops: {', '.join(heavy[:6])}")
-        if self.device.type == "cuda" and d.get("forbid_host_transfer", True) and trace.host_transfers():
+        if self.device.type == "cuda" and d.forbid_host_transfer and trace.host_transfers():
             self.flag("host_transfer", f"forward copied tensors between GPU and host {trace.host_transfers()} time(s)")
         if trace.task_code_calls:
             self.flag("calls_reference_model",
                       f"forward executed the reference task's code ({', '.join(sorted(trace.task_code_calls))})")
         py_calls = trace.python_compute_calls()
-        if d.get("forbid_python_torch_compute", True) and py_calls:
+        if d.forbid_python_torch_compute and py_calls:
             self.flag("torch_compute_in_forward",
                       f"forward called torch compute from Python: {', '.join(py_calls[:6])}")
         if trace.tracer_off:
             self.flag("harness_access", f"forward switched the op tracer off: {sorted(trace.tracer_off)[0]}")
-        if d.get("require_custom_kernel", True) and trace.calls_without_extension:
+        if d.require_custom_kernel and trace.calls_without_extension:
             self.flag("no_custom_kernel", f"{trace.calls_without_extension} of {trace.calls} calls of forward never "
                                           "called a function of the compiled extension")
         if self.first_trace is None and trace.calls:
@@ -367,9 +374,9 @@ class Worker:
         reason = None
         if self.device.type != "cuda" or not self.device.info.get("kernel_trace"):
             reason = self.device.info.get("kernel_trace_error") or "no kernel trace on this device"
-        elif not self.dyn.get("kernel_trace", True) or not self.dyn.get("kernel_trace_calls", True):
+        elif not self.dyn.kernel_trace or not self.dyn.kernel_trace_calls:
             reason = "turned off (EvalConfig.dynamic)"
-        elif (self.cfg.get("timing") or {}).get("method") == "kernelbench":
+        elif self.settings.timing.method == "kernelbench":
             reason = "KernelBench's timing protocol times its calls untraced"
         elif self.device.kernels.backend != "nvrtc":
             reason = f"no digest kernels to delimit the groups ({self.device.kernels.fallback_reason})"
@@ -392,7 +399,7 @@ class Worker:
         self.session_state = "stopped"
         session, self.session = self.session, None
         try:
-            windows, foreign = session.stop(self.job.get("kernel_names") or [])
+            windows, foreign = session.stop(self.kernel_names)
         except BaseException as e:
             if report:
                 self.flag("harness_access", f"the kernel trace of the calls was stopped or broken during the job "
@@ -417,7 +424,7 @@ class Worker:
     def _profile(self, msg: dict) -> dict:
         forwards = max(1, min(10, int(msg.get("forwards", 1))))
         cuda = self.device.type == "cuda"
-        so_paths = [m["so_path"] for m in self.job.get("modules", []) if m.get("so_path")]
+        so_paths = [m["so_path"] for m in self.modules if m.get("so_path")]
         tools = msg.get("tools") if isinstance(msg.get("tools"), dict) else {}
         dump = kernel_profiler.start_cuobjdump(tools.get("cuobjdump"), so_paths) if cuda else "not on a GPU"
         try:
@@ -445,21 +452,20 @@ class Worker:
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
         through the compile stage's build.RuntimeBuilder (cache hit, or our build in this worker's directory)."""
-        from cuda_eval import candidate
+        from cuda_eval.worker import extension_loader
         builder = None
-        runtime = self.job.get("runtime_build")
+        runtime = RuntimeBuild(**self.job["runtime_build"]) if self.job["runtime_build"] is not None else None
         if runtime:
-            from cuda_eval.build import RuntimeBuilder
-            from cuda_eval.toolchain import Toolchain
-            builder = RuntimeBuilder(runtime.get("cache_dir"), os.path.join(self.workdir, "runtime_builds"),
-                                     toolchain=Toolchain.from_dict(runtime["toolchain"]),
-                                     timeout_s=float(runtime.get("timeout_s", 300.0)))
-        candidate.install_prebuilt(self.job.get("modules", []), builder=builder)
+            from cuda_eval.compile.toolchain import Toolchain
+            from cuda_eval.worker.runtime_build import RuntimeBuilder
+            builder = RuntimeBuilder(runtime.cache_dir, os.path.join(self.workdir, "runtime_builds"),
+                                     toolchain=Toolchain.from_dict(runtime.toolchain), timeout_s=runtime.timeout_s)
+        extension_loader.install_prebuilt(self.modules, builder=builder)
 
     def _extension_functions(self, modules_before: set[str]) -> list:
         """Functions of the candidate's compiled extensions: the prebuilt .so files of the job, plus any extension
         module that appeared since the candidate started (a build reached at run time)."""
-        so_paths = [m["so_path"] for m in self.job.get("modules", []) if m.get("so_path")]
+        so_paths = [m["so_path"] for m in self.modules if m.get("so_path")]
         found = dynamic_checks.extension_functions(so_paths)
         site_dirs = {os.path.dirname(os.path.dirname(torch.__file__))}
         seen = {id(f) for f in found}
@@ -482,7 +488,7 @@ class Worker:
             self.flag("background_thread", f"the candidate started threads: {', '.join(py_threads[:3])}")
         native = self.threads.new_native_threads()
         self.meta["new_native_threads"] = len(native)
-        if native and self.dyn.get("flag_native_threads", False):
+        if native and self.dyn.flag_native_threads:
             self.flag("background_thread", f"{len(native)} native thread(s) started by the candidate still exist")
 
     def check_identities(self, when: str) -> None:
@@ -507,7 +513,7 @@ class Worker:
         Honest multi-stream code forks from the current stream (waits on an event recorded there) and joins back
         before returning; it passes both."""
         inputs = self.make_inputs(self.seed + 777)
-        kernel_names = self.job.get("kernel_names") or []
+        kernel_names = self.kernel_names
         unforked, gate_meta = self._gated_trace(inputs)
         self.meta["fork_check"] = gate_meta
         if unforked:
@@ -522,7 +528,7 @@ class Worker:
         calls = TRACE_CALLS if self._forward_ms() < TRACE_REPEAT_MAX_MS else 1
         self.meta["trace_calls"] = calls
         try:
-            with dynamic_checks.KernelTrace() as trace:
+            with tracing.KernelTrace() as trace:
                 for _ in range(calls):
                     set_seed(self.seed)
                     out = None   # one output alive at a time (8 GiB ones: the card holds the trace's copy too)
@@ -537,12 +543,12 @@ class Worker:
         streams = sorted({k.stream for k in trace.kernels})
         self.meta.update(kernels=sorted({k.name[:80] for k in trace.kernels})[:12], kernel_streams=streams,
                          own_kernel_launches=len(own))
-        if kernel_names and not own and self.dyn.get("require_custom_kernel", True):
+        if kernel_names and not own and self.dyn.require_custom_kernel:
             self.flag("no_custom_kernel", f"none of the program's kernels ({', '.join(kernel_names[:4])}) ran on "
                                           "the GPU during forward")
         if unforked:
             return
-        late = trace.late_kernels(float(self.dyn.get("unsynced_slack_us", 50.0)))
+        late = trace.late_kernels(self.dyn.unsynced_slack_us)
         if late or not bitwise_equal(early, out):
             what = f"kernel {late[0].name[:60]} was still running" if late else "the output changed"
             self.flag("unsynced_stream", f"{what} after forward returned and the current stream was synchronised "
@@ -566,7 +572,7 @@ class Worker:
             gate_ms = min(gate_ms, GATE_MAX_MS)
             meta["tries"] += 1
             try:
-                trace = dynamic_checks.KernelTrace()
+                trace = tracing.KernelTrace()
                 trace.__enter__()
             except Exception as e:  # our tooling, not the candidate: judge without this pass
                 return [], dict(meta, error=f"profiler: {type(e).__name__}: {e}"[:300])
@@ -616,7 +622,8 @@ def main(argv: list[str] | None = None) -> None:
         faulthandler.dump_traceback_later(args.start_timeout, exit=False)
     milestone("worker", f"torch {torch.__version__} imported")
     try:
-        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="worker", checks=True)
+        device = Device(args.device_type, args.cpu_threads, args.device_lock_fd, who="worker",
+                        checks=dynamic_checks.StartUp())
     except BaseException as e:
         channel.send(sock, {"op": "ready", "ok": False, "error": format_exception(e, "start")})
         sys.stderr.write(traceback.format_exc())

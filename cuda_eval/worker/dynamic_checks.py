@@ -1,34 +1,41 @@
-"""Dynamic reward-hack checks (worker processes only; imports torch).
+"""Dynamic reward-hack checks, inside the candidate's worker (an untrusted process: a candidate that attacks the
+harness there can evade them; docs/EVALUATOR.md, "Trust boundary"). Imports torch.
 
-- `ForwardTrace`: runs one forward call under a TorchDispatchMode (every ATen op, and whether it came from Python or
-  from inside the candidate's compiled extension, told apart with a profile hook on the extension's functions) and a
-  Python profile hook that notices the reference task's own code running.
-- `KernelTrace`: the CUDA kernels a call launched (torch.profiler / CUPTI): names, streams, end times.
+- `ForwardTrace`: runs one forward call under the op tracer (protocol/tracing.py: every ATen op, and whether it came
+  from Python or from inside the candidate's compiled extension, told apart with a profile hook on the extension's
+  functions) and a Python profile hook that notices the reference task's own code running.
+- `KernelSession`: every CUDA kernel of every call of the job (CUPTI), split into one window per group of calls.
 - `IdentitySnapshot`: identities of torch/time/builtins functions, global numeric flags and the task's namespace,
   taken before the candidate is imported; `changed()` lists what the candidate replaced.
 - `ThreadWatch`: Python threads and native threads (/proc/self/task) that appeared after a baseline.
 - `poison_free_memory`: fills the CUDA caching allocator's free blocks with 0xFF (NaN for floats) so that a
   candidate returning memory it never wrote (e.g. the reference's freed output) cannot pass.
+- `StartUp`: what of these is made ready when the worker starts, before any candidate code exists.
 """
 from __future__ import annotations
 
 import builtins
 import dataclasses
+import importlib
 import os
-import re
 import sys
 import threading
 import time
 import types
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from cuda_eval import device_kernels
-from cuda_eval.compare import POISON_BYTE
+from cuda_eval.protocol import device_kernels
+from cuda_eval.protocol.harness import CANDIDATE_FILENAME, TASK_FILENAME
+from cuda_eval.protocol.tensors import POISON_BYTE, flatten
+from cuda_eval.protocol.tracing import ALLOC_KERNEL, HEAVY_OPS, KernelTrace, OpRecorder, is_compute, mentions, unique
 
-_cuda_synchronize = torch.cuda.synchronize  # captured before candidate code can replace them
+# Captured before candidate code can replace them.
+_cuda_synchronize = torch.cuda.synchronize
+_type = builtins.type
+_isinstance = builtins.isinstance
+_Tensor = torch.Tensor
 _dispatch_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _PYTHON_KEY = torch._C.DispatchKey.Python
@@ -36,97 +43,6 @@ _PYTHON_KEY = torch._C.DispatchKey.Python
 # from the candidate's own code are the candidate's calls; torch's other internals are not watched.
 _TORCH_CALLERS = frozenset(os.path.join(os.path.dirname(torch.__file__), *parts) for parts in (
     ("nn", "functional.py"), ("functional.py",), ("_tensor.py",)))
-TASK_FILENAME = "<kernelbench-task>"
-CANDIDATE_FILENAME = "<candidate>"
-
-# ATen ops that allocate, view, move or describe memory: never "compute". Names are overload packets without a
-# trailing "_" (in-place) suffix.
-ALLOC_VIEW_OPS = frozenset("""
-    empty empty_like empty_strided empty_permuted new_empty new_empty_strided zeros zeros_like ones ones_like full
-    full_like new_zeros new_ones new_full scalar_tensor arange fill zero resize set copy clone contiguous _to_copy
-    to lift_fresh lift_fresh_copy detach alias view _unsafe_view reshape _reshape_alias as_strided expand permute
-    transpose t squeeze unsqueeze select slice narrow flatten unflatten split split_with_sizes chunk unbind
-    view_as_real view_as_complex sym_size sym_stride sym_numel sym_storage_offset is_contiguous _local_scalar_dense
-    item dim size stride numel is_same_size record_stream _has_compatible_shallow_copy_type expand_as view_as
-    reshape_as unsafe_split unsafe_chunk _unsafe_index as_strided_scatter is_nonzero is_pinned pin_memory
-    _pin_memory set_data detach_copy alias_copy resolve_conj resolve_neg conj _conj _neg_view
-""".split())
-# Library GEMM / convolution / attention / recurrent ops: the heavy work of most tasks.
-HEAVY_OPS = frozenset("""
-    mm addmm bmm baddbmm addbmm matmul linear _addmm_activation addmv mv dot vdot einsum _int_mm _scaled_mm
-    convolution _convolution cudnn_convolution cudnn_convolution_transpose convolution_overrideable conv1d conv2d
-    conv3d conv_transpose1d conv_transpose2d conv_transpose3d mkldnn_convolution miopen_convolution
-    slow_conv2d_forward slow_conv3d_forward slow_conv_transpose2d slow_conv_transpose3d slow_conv_dilated2d
-    slow_conv_dilated3d _slow_conv2d_forward thnn_conv2d _nnpack_spatial_convolution
-    _scaled_dot_product_attention_math scaled_dot_product_attention _scaled_dot_product_flash_attention
-    _scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention _flash_attention_forward
-    _efficient_attention_forward _cudnn_rnn lstm gru rnn_tanh rnn_relu _thnn_fused_lstm_cell cudnn_batch_norm
-    native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_no_training native_layer_norm
-    native_group_norm _fused_rms_norm
-""".split())
-
-
-def op_name(func) -> str:
-    """'aten::relu_.default' -> 'relu' (overload packet, in-place suffix dropped)."""
-    name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or str(func).split(".")[-2]
-    name = name.split("::")[-1]
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
-
-
-def is_compute(name: str) -> bool:
-    return name not in ALLOC_VIEW_OPS
-
-
-# Operator namespaces that belong to PyTorch; an op from any other namespace was registered by the candidate's
-# extension (TORCH_LIBRARY) and counts as the candidate's own code.
-TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "quantized", "_quantized", "_c10d_functional", "c10d",
-                              "profiler", "cuda", "mkldnn", "inductor", "higher_order"})
-
-
-@dataclasses.dataclass
-class OpRecord:
-    name: str
-    from_extension: bool   # called from inside the candidate's compiled extension (C++ wrapper), not from Python
-    host_transfer: bool    # moved data between a CUDA device and the host
-    custom: bool = False   # an op the candidate registered itself (torch.ops.<its namespace>.<op>)
-
-
-class _OpRecorder(TorchDispatchMode):
-    def __init__(self, inside_extension: Callable[[], bool]):
-        super().__init__()
-        self.records: list[OpRecord] = []
-        self._inside_extension = inside_extension
-        self.handling = 0
-
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        self.handling += 1  # the profile hook ignores our own calls in here (the mode is off the stack meanwhile)
-        try:
-            kwargs = kwargs or {}
-            name = op_name(func)
-            if getattr(func, "namespace", "aten") not in TORCH_NAMESPACES:
-                self.records.append(OpRecord(name, True, False, custom=True))
-                return func(*args, **kwargs)
-            transfer = False
-            if name in ("_to_copy", "copy", "to"):
-                devices = {a.device.type for a in _tensors(args) + _tensors(list(kwargs.values()))}
-                target = kwargs.get("device")
-                if target is not None:
-                    devices.add(torch.device(target).type)
-                transfer = "cpu" in devices and len(devices) > 1
-            self.records.append(OpRecord(name, self._inside_extension(), transfer))
-            return func(*args, **kwargs)
-        finally:
-            self.handling -= 1
-
-
-def _tensors(items: Iterable) -> list[torch.Tensor]:
-    out = []
-    for x in items:
-        if isinstance(x, torch.Tensor):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            out.extend(_tensors(x))
-    return out
 
 
 class ForwardTrace:
@@ -148,7 +64,7 @@ class ForwardTrace:
         self.task_code_calls: set[str] = set()
         self.python_torch_calls: set[str] = set()
         self.tracer_off: set[str] = set()
-        self.recorder = _OpRecorder(lambda: self._depth > 0)
+        self.recorder = OpRecorder(lambda: self._depth > 0)
         self._previous_profiler = None
 
     def _profile(self, frame, event, arg):
@@ -200,40 +116,25 @@ class ForwardTrace:
     def python_compute_calls(self) -> list[str]:
         """Torch compute functions and tensor methods called from Python (not allocation, views, moves or device
         queries): the same lists as the static rule (checks.py)."""
-        from cuda_eval import checks
+        from cuda_eval.static import checks
         return sorted(n for n in self.python_torch_calls if checks.is_torch_compute_call(n))
 
     # --- summaries ---
     def python_compute_ops(self) -> list[str]:
-        return _unique(r.name for r in self.recorder.records
+        return unique(r.name for r in self.recorder.records
                        if not r.from_extension and not r.custom and is_compute(r.name))
 
     def compute_ops(self) -> list[str]:
-        return _unique(r.name for r in self.recorder.records if not r.custom and is_compute(r.name))
+        return unique(r.name for r in self.recorder.records if not r.custom and is_compute(r.name))
 
     def custom_op_calls(self) -> int:
         return sum(r.custom for r in self.recorder.records)
 
     def heavy_ops(self) -> list[str]:
-        return _unique(r.name for r in self.recorder.records if r.name in HEAVY_OPS)
+        return unique(r.name for r in self.recorder.records if r.name in HEAVY_OPS)
 
     def host_transfers(self) -> int:
         return sum(r.host_transfer for r in self.recorder.records)
-
-
-def reference_compute_ops(call: Callable[[], Any]) -> list[str]:
-    """Compute ops the reference runs (traced once, no attribution needed)."""
-    recorder = _OpRecorder(lambda: False)
-    with recorder:
-        call()
-    return _unique(r.name for r in recorder.records if is_compute(r.name))
-
-
-def _unique(names: Iterable[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for n in names:
-        seen.setdefault(n, None)
-    return list(seen)
 
 
 def extension_functions(so_paths: Iterable[str]) -> list[Any]:
@@ -247,86 +148,24 @@ def extension_functions(so_paths: Iterable[str]) -> list[Any]:
     return found
 
 
-# --- CUDA kernel trace ----------------------------------------------------------------------------------------
-GATE_KERNEL = "spin_kernel"   # the kernel torch.cuda._sleep launches (aten/src/ATen/cuda/Sleep.cu)
+def non_plain_tensors(obj: Any) -> list[str]:
+    """Names of the output leaves that are tensor subclasses or tensor-like wrappers (`__torch_function__`)."""
+    bad = []
+    for leaf in flatten(obj):
+        t = _type(leaf)
+        if t is _Tensor:
+            continue
+        if _isinstance(leaf, _Tensor) or hasattr(t, "__torch_function__") or hasattr(t, "__torch_dispatch__"):
+            bad.append(f"{t.__module__}.{t.__qualname__}")
+    return bad
 
 
-@dataclasses.dataclass
-class KernelRecord:
-    name: str
-    stream: int
-    end_us: float
-    start_us: float = 0.0
-
-
-class KernelTrace:
-    """The CUDA kernels launched while the block runs, with the end time of a marker range so that kernels still
-    running after `mark_returned()` (work left on another stream) can be found."""
-
-    def __init__(self):
-        self.kernels: list[KernelRecord] = []
-        self.returned_us: float | None = None
-        self._prof = None
-
-    def __enter__(self):
-        from torch.profiler import ProfilerActivity, profile
-        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=False)
-        self._prof.__enter__()
-        return self
-
-    def mark_returned(self):
-        """Call right after forward returned and the *current* stream was synchronised."""
-        from torch.profiler import record_function
-        with record_function("cuda_eval::returned"):
-            pass
-
-    def __exit__(self, *exc):
-        _cuda_synchronize()
-        self._prof.__exit__(*exc)
-        for ev in self._prof.events():
-            if ev.name == "cuda_eval::returned" and self.returned_us is None:
-                self.returned_us = float(ev.time_range.start)
-            elif _is_kernel_event(ev):
-                self.kernels.append(KernelRecord(ev.name, int(getattr(ev, "device_resource_id", 0) or 0),
-                                                 float(ev.time_range.end), float(ev.time_range.start)))
-        return False
-
-    def matching(self, kernel_names: Iterable[str]) -> list[KernelRecord]:
-        names = [n for n in kernel_names if n]
-        return [k for k in self.kernels if any(_mentions(k.name, n) for n in names)]
-
-    def late_kernels(self, slack_us: float) -> list[KernelRecord]:
-        if self.returned_us is None:
-            return []
-        return [k for k in self.kernels if k.end_us > self.returned_us + slack_us]
-
-    def gate(self) -> KernelRecord | None:
-        """The gate kernel of a gated trace (see `unforked_kernels`): the first of torch.cuda._sleep's spin kernels to
-        start (launched before forward, so before any of the candidate's); None if there is none."""
-        return min((k for k in self.kernels if GATE_KERNEL in k.name), key=lambda k: k.start_us, default=None)
-
-    def unforked_kernels(self, slack_us: float = 1.0) -> list[KernelRecord]:
-        """Kernels that started on another stream while the gate still held the current stream.
-
-        The gate is a spin kernel put on the current stream just before forward. Work ordered after the current
-        stream (the current stream itself, or a side stream that waited on an event recorded on it: the only way
-        its result is ordered before the caller's next operation) cannot start before the gate ends; a kernel on
-        another stream that started earlier waited for nothing. Deterministic, unlike `late_kernels`, which needs
-        the private work to still be running when the current stream is synchronised."""
-        gate = self.gate()
-        if gate is None:
-            return []
-        return [k for k in self.kernels
-                if k is not gate and k.stream != gate.stream and k.start_us < gate.end_us - slack_us]
-
-
+# --- the kernels of every call (CUDA) ---------------------------------------------------------------------------
 # Kernels of our own in a trace (not the candidate's): the gates and markers that open each group of calls (the
 # time-based gate; the trace of the calls needs it), the digests that close it. Allocation and copy kernels (ours
 # and anybody's: flushes, fills, copies) are never held against a candidate.
 OWN_GATES = (device_kernels.GATE_KERNEL,)
 OWN_DIGESTS = device_kernels.DIGEST_KERNELS
-ALLOC_KERNEL = re.compile(r"(?i)fill|copy|memset|memcpy|catarray|arange|zero")
-HEAVY_KERNEL = re.compile(r"(?i)gemm|cutlass|cublas|xmma|cudnn|conv(?!ert)|fft|flash|fmha|attention")
 
 
 @dataclasses.dataclass
@@ -406,7 +245,7 @@ def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[st
                 is_open = False
         elif is_open:
             win = windows[-1]
-            own = any(_mentions(name, n) for n in names)   # first: a program's own `copy_rows` kernel is its own
+            own = any(mentions(name, n) for n in names)   # first: a program's own `copy_rows` kernel is its own
             if not own and ALLOC_KERNEL.search(name):
                 continue
             win.kernels += 1
@@ -418,26 +257,6 @@ def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[st
     if is_open:
         close()
     return windows, foreign
-
-
-def _is_kernel_event(ev) -> bool:
-    device_type = getattr(ev, "device_type", None)
-    return device_type is not None and "CUDA" in str(device_type) and not ev.name.startswith(("Memcpy", "Memset",
-                                                                                                "cuda"))
-
-
-def _mentions(kernel_name: str, ident: str) -> bool:
-    """True if `ident` appears in a (demangled) kernel name as a whole identifier."""
-    start = 0
-    while True:
-        i = kernel_name.find(ident, start)
-        if i < 0:
-            return False
-        before = kernel_name[i - 1] if i > 0 else " "
-        after = kernel_name[i + len(ident)] if i + len(ident) < len(kernel_name) else " "
-        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
-            return True
-        start = i + 1
 
 
 # --- identity snapshot (monkeypatching) ---------------------------------------------------------------------
@@ -504,8 +323,9 @@ def default_watch_modules() -> list[types.ModuleType]:
     import torch.testing
     mods = [torch, torch.cuda, F, torch.testing, torch.autograd, torch.random, time, builtins, gc, threading,
             torch.nn.init, torch.linalg, torch.fft, torch.special]
-    for name in ("cuda_eval._native", "cuda_eval.compare", "cuda_eval.dynamic_checks", "cuda_eval.timing",
-                 "cuda_eval.worker", "cuda_eval.harness", "cuda_eval.channel", "cuda_eval.wire"):
+    for name in ("cuda_eval._native", "cuda_eval.protocol.tensors", "cuda_eval.protocol.tracing",
+                 "cuda_eval.worker.dynamic_checks", "cuda_eval.protocol.timing", "cuda_eval.worker",
+                 "cuda_eval.protocol.harness", "cuda_eval.protocol.channel", "cuda_eval.protocol.wire"):
         if name in sys.modules:
             mods.append(sys.modules[name])
     return mods
@@ -604,3 +424,28 @@ def poison_free_memory(device_type: str, recent_sizes: Iterable[int] = ()) -> in
             total += int(size)
     del held
     return total
+
+
+# --- start-up -----------------------------------------------------------------------------------------------------
+class StartUp:
+    """The worker's checks made ready at start-up, before any candidate code exists: first uses that cost seconds
+    (the dispatch mode's machinery, the profiler's import, CUPTI) belong to start-up, which the pool hides behind
+    earlier candidates. harness.Device calls these where it warms up the host and the device."""
+
+    def host(self) -> None:
+        with ForwardTrace([]):
+            torch.relu(torch.ones(8))
+        importlib.import_module("torch.profiler")  # imported now, activated only for the kernel trace
+
+    def cuda(self, info: dict, milestone: Any) -> None:
+        """Free memory poisoned, and whether CUPTI traces kernels here (info["kernel_trace"]; without it the job
+        skips the kernel trace and says so)."""
+        poison_free_memory("cuda")
+        milestone("free memory poisoned; starting the kernel trace (CUPTI)")
+        try:
+            with KernelTrace():
+                torch.ones(8, device="cuda").add_(1)
+            info["kernel_trace"] = True
+        except Exception as e:  # no CUPTI here: the job then skips the kernel trace and says so
+            info["kernel_trace"] = False
+            info["kernel_trace_error"] = f"{type(e).__name__}: {e}"[:300]

@@ -1,6 +1,6 @@
 """Stage-1 subprocess: run a candidate on the CPU and record every extension it asks to build.
 
-    python -m cuda_eval.record <dir>        # reads <dir>/task.py and <dir>/candidate.py, writes <dir>/record.json
+    python -m cuda_eval.worker.record <dir>        # reads <dir>/task.py and <dir>/candidate.py, writes <dir>/record.json
 
 Runs inside the sandbox (cuda_eval.sandbox) with load_inline/load replaced by a recorder (candidate.record_extensions):
  1. compile the candidate (a syntax error is a verdict), check it defines class ModelNew;
@@ -25,9 +25,8 @@ import time
 import traceback
 import types
 
-CANDIDATE_FILE = "candidate.py"
-TASK_FILE = "task.py"
-RECORD_FILE = "record.json"
+from cuda_eval.protocol.extension_spec import CANDIDATE_FILE, RECORD_FILE, TASK_FILE
+
 TASK_MODULE = "kernelbench_task"
 CANDIDATE_MODULE = "kernelbench_candidate"
 MAX_ERROR_CHARS = 3000
@@ -101,7 +100,7 @@ def record(workdir: str) -> dict:
 
     t0 = time.monotonic()
     import torch  # noqa: F401 - timed on its own: it is most of this process' start-up
-    from cuda_eval.candidate import record_extensions
+    from cuda_eval.worker.extension_loader import record_extensions
     phase("import_torch", t0, torch_version=torch.__version__)
 
     def sync_specs() -> None:
@@ -188,7 +187,7 @@ def record(workdir: str) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m cuda_eval.record <dir>", file=sys.stderr)
+        print("usage: python -m cuda_eval.worker.record <dir>", file=sys.stderr)
         return 2
     record(os.path.abspath(argv[1]))
     # os._exit: threads or atexit handlers a candidate left behind must not keep this process alive.

@@ -11,7 +11,7 @@ import pytest
 def _test_arch() -> str:
     """The arch of the GPU here (nvidia-smi, no CUDA context), else toolchain.DEFAULT_ARCH: the builds the GPU tests
     run are made for the card they run on (an A100, L40S, H100 or B200 alike)."""
-    from cuda_eval import toolchain as tc
+    from cuda_eval.compile import toolchain as tc
     return tc.resolve_arch("auto")[0]
 
 
@@ -66,7 +66,7 @@ def run_lock(shared_dir):
 
 @pytest.fixture(scope="session")
 def toolchain(shared_dir, run_lock):
-    from cuda_eval import toolchain as tc
+    from cuda_eval.compile import toolchain as tc
     with run_lock("toolchain"):
         return tc.detect(TEST_ARCH, cache_dir=str(shared_dir / "cache"))
 
@@ -80,7 +80,7 @@ def candidate_pair(name: str) -> tuple[str, str]:
 
 
 def make_pool(shared_dir, **overrides):
-    from cuda_eval.compile_pool import CompileConfig, CompilePool
+    from cuda_eval.compile.pool import CompileConfig, CompilePool
     cfg = dict(workers=min(16, os.cpu_count() or 2), arch=TEST_ARCH, cache_dir=str(shared_dir / "cache"), pch="off",
                work_root=str(shared_dir / "work"), record_timeout_s=120, compile_timeout_s=900)
     cfg.update(overrides)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
 from sandbox_fixtures import (built_add, candidate_pair, compile_pool, make_pool, run_lock,  # noqa: F401
                               shared_dir, toolchain)
 

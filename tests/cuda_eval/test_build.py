@@ -3,11 +3,14 @@ import os
 
 import pytest
 
-from cuda_eval import build as bd
-from cuda_eval import toolchain as tcmod
-from cuda_eval.build import BuildConfig, Builder
-from cuda_eval.candidate import ExtensionSpec, import_extension, spec_from_load_inline
+from cuda_eval.compile import glue, nvcc, sources, toolchain as tcmod
+from cuda_eval.compile.builder import BuildConfig, Builder, BuildError
+from cuda_eval.protocol.extension_spec import ExtensionSpec, spec_from_load_inline
+from cuda_eval.worker.extension_loader import import_extension
+from cuda_eval.worker.runtime_build import RuntimeBuilder
 from sandbox_fixtures import run_lock, sandbox_tmp, shared_dir, toolchain  # noqa: F401 - fixtures
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- flags from torch ----------------------------------------------------------------------------------------------
@@ -48,37 +51,37 @@ SPEC = spec_from_load_inline(name="ext", cpp_sources=["torch::Tensor f(torch::Te
 
 
 def test_main_cpp_is_what_load_inline_writes():
-    text = bd.main_cpp(SPEC, pch_include=False)
+    text = sources.main_cpp(SPEC, pch_include=False)
     lines = text.splitlines()
     assert lines[0] == "#include <torch/extension.h>"
     assert '#line 1 "cpp_sources[0]"' in lines
     assert 'm.def("f", torch::wrap_pybind_function(f), "f");' in lines
-    raw = bd.main_cpp(ExtensionSpec(**{**SPEC.__dict__, "with_pytorch_error_handling": False}), pch_include=False)
+    raw = sources.main_cpp(ExtensionSpec(**{**SPEC.__dict__, "with_pytorch_error_handling": False}), pch_include=False)
     assert 'm.def("f", f, "f");' in raw
-    pch = bd.main_cpp(SPEC, pch_include=True).splitlines()
-    assert pch[:2] == [f'#include "{bd.PCH_HEADER}"', "#define TORCH_EXTENSION_NAME ext"]
-    bare = bd.main_cpp(ExtensionSpec(**{**SPEC.__dict__, "no_implicit_headers": True}), pch_include=False)
+    pch = sources.main_cpp(SPEC, pch_include=True).splitlines()
+    assert pch[:2] == [f'#include "{sources.PCH_HEADER}"', "#define TORCH_EXTENSION_NAME ext"]
+    bare = sources.main_cpp(ExtensionSpec(**{**SPEC.__dict__, "no_implicit_headers": True}), pch_include=False)
     assert "torch/extension.h" not in bare.splitlines()[0]
 
 
 def test_cuda_cu_light_keeps_line_numbers():
-    exact, light = bd.cuda_cu(SPEC, light=False), bd.cuda_cu(SPEC, light=True)
+    exact, light = sources.cuda_cu(SPEC, light=False), sources.cuda_cu(SPEC, light=True)
     assert exact.splitlines()[:3] == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
     assert len(exact.splitlines()) == len(light.splitlines())
     assert "torch/extension.h" not in light and "torch/types.h" not in light
-    assert light.count(bd.LIGHT_HEADER) == 2
+    assert light.count(sources.LIGHT_HEADER) == 2
 
 
 def test_light_header_eligibility(toolchain):
-    text, why = bd.light_header_text(["auto y = torch::empty_like(x); auto z = at::zeros({3}, x.options());"],
+    text, why = sources.light_header_text(["auto y = torch::empty_like(x); auto z = at::zeros({3}, x.options());"],
                                      toolchain)
     assert why == "" and "#include <ATen/ops/empty_like.h>" in text and "#include <ATen/ops/zeros.h>" in text
     assert "namespace torch" in text and "AT_PER_OPERATOR_HEADERS" in text
     assert "TensorIndexing" not in text
-    assert "TensorIndexing" in bd.light_header_text(["x.index({torch::indexing::Slice()})"], toolchain)[0]
+    assert "TensorIndexing" in sources.light_header_text(["x.index({torch::indexing::Slice()})"], toolchain)[0]
     for src in ["PYBIND11_MODULE(m, m) {}", "py::object o;", "torch::nn::Linear l(3, 3);",
                 "#include <torch/torch.h>", "auto t = torch::from_blob(p, {3});", "TORCH_LIBRARY(ops, m) {}"]:
-        text, why = bd.light_header_text([src], toolchain)
+        text, why = sources.light_header_text([src], toolchain)
         assert text is None and why.startswith("uses"), src
 
 
@@ -93,23 +96,23 @@ def test_glue_plan_reads_plain_declarations(toolchain):
     cpp = ("#include <torch/extension.h>\n// entry points\n"
            "torch::Tensor f(torch::Tensor x, const at::Tensor& y, double s, int64_t n = 3);\n"
            "std::vector<torch::Tensor> g(std::vector<torch::Tensor> xs, bool flag);")
-    plan, why = bd.glue_plan(glue(cpp, ("f", "g")), toolchain)
+    plan, why = glue.glue_plan(glue(cpp, ("f", "g")), toolchain)
     assert why == "" and plan.signatures == (
         "::at::Tensor (*)(::at::Tensor, const ::at::Tensor &, double, ::std::int64_t)",
         "::std::vector < ::at::Tensor > (*)(::std::vector < ::at::Tensor >, bool)")
     # the candidate's lines are kept verbatim (their own #line), only the torch include is swapped for the prelude
     assert '#line 1 "cpp_sources[0]"' in plan.glue_text and "torch/extension.h" not in plan.glue_text
-    assert f'#include "{bd.GLUE_PRELUDE}"' in plan.glue_text
+    assert f'#include "{glue.GLUE_PRELUDE}"' in plan.glue_text
     assert 'static_assert(::std::is_same<decltype(&f), ::at::Tensor (*)(' in plan.glue_text
     assert "PyInit_ext()" in plan.glue_text and "PyInit_ext" not in plan.binding_text  # no extension named there
     assert plan.binding_text.startswith("#include <torch/extension.h>\n")
     assert "m.def(kj_names[1], torch::wrap_pybind_function(*reinterpret_cast<kj_sig_1>(kj_fns[1])), kj_docs[1]);" \
         in plan.binding_text
     # the same signatures share one binding (and its key), whatever the names; the error-handling mode does not
-    other, _ = bd.glue_plan(spec_from_load_inline(name="other", cpp_sources=cpp.replace(" f(", " h(").replace(
+    other, _ = glue.glue_plan(spec_from_load_inline(name="other", cpp_sources=cpp.replace(" f(", " h(").replace(
         " g(", " i("), cuda_sources="", functions=["h", "i"]), toolchain)
     assert other.key == plan.key and other.binding_text == plan.binding_text
-    plain, _ = bd.glue_plan(glue(cpp, ("f", "g"), with_pytorch_error_handling=False), toolchain)
+    plain, _ = glue.glue_plan(glue(cpp, ("f", "g"), with_pytorch_error_handling=False), toolchain)
     assert plain.key != plan.key and "m.def(kj_names[0], *reinterpret_cast<kj_sig_0>(kj_fns[0]), kj_docs[0]);" \
         in plain.binding_text
 
@@ -130,18 +133,18 @@ def test_glue_plan_reads_plain_declarations(toolchain):
     ("torch::Tensor f(torch::Tensor x);", ("f", "f\" ")),                       # not an identifier
 ])
 def test_glue_plan_refuses_what_could_differ(toolchain, cpp, functions):
-    plan, why = bd.glue_plan(glue(cpp, functions), toolchain)
+    plan, why = glue.glue_plan(glue(cpp, functions), toolchain)
     assert plan is None and why, cpp
 
 
 def test_glue_plan_refuses_odd_modules_and_docstrings(toolchain):
     cpp = "torch::Tensor f(torch::Tensor x);"
     for kw in ({"no_implicit_headers": True}, {"is_python_module": False}, {"extra_include_paths": ["/tmp"]}):
-        assert bd.glue_plan(glue(cpp, **kw), toolchain)[0] is None, kw
+        assert glue.glue_plan(glue(cpp, **kw), toolchain)[0] is None, kw
     quoted = spec_from_load_inline(name="ext", cpp_sources=cpp, functions={"f": 'say "hi"'})
-    assert bd.glue_plan(quoted, toolchain)[0] is None
+    assert glue.glue_plan(quoted, toolchain)[0] is None
     import dataclasses
-    assert bd.glue_plan(glue(cpp), dataclasses.replace(toolchain, headers_use_extension_name=True))[0] is None
+    assert glue.glue_plan(glue(cpp), dataclasses.replace(toolchain, headers_use_extension_name=True))[0] is None
 
 
 # --- logs --------------------------------------------------------------------------------------------------------------
@@ -171,27 +174,27 @@ compilation terminated.
 
 
 def test_clean_log_keeps_errors_drops_noise(toolchain):
-    log = bd.clean_log(NVCC_LOG, build_dir="/work/build", toolchain=None, max_errors=8, max_chars=4000)
+    log = nvcc.clean_log(NVCC_LOG, build_dir="/work/build", toolchain=None, max_errors=8, max_chars=4000)
     assert log.splitlines()[0] == 'cuda_sources[0](9): error: expected a ";"'
     assert 'identifier "undefined_fn" is undefined' in log and "undefined_fn(size)" in log
     assert "In file included" not in log and "warning" not in log and "errors detected" not in log
     assert "/work/build" not in log
-    g = bd.clean_log(GCC_LOG, build_dir="/x", toolchain=None, max_errors=8, max_chars=4000)
+    g = nvcc.clean_log(GCC_LOG, build_dir="/x", toolchain=None, max_errors=8, max_chars=4000)
     assert g.startswith("cpp_sources[0]:3:1: error: 'foo' does not name a type") and "note:" not in g
 
 
 def test_clean_log_limits(toolchain):
     many = "".join(f"cuda_sources[0]({i}): error: bad {i}\n" for i in range(30))
-    log = bd.clean_log(many, build_dir="/b", toolchain=None, max_errors=3, max_chars=4000)
+    log = nvcc.clean_log(many, build_dir="/b", toolchain=None, max_errors=3, max_chars=4000)
     assert log.count("error: bad") == 3 and "27 more errors" in log
-    assert len(bd.clean_log(many * 50, build_dir="/b", toolchain=None, max_errors=1000, max_chars=500)) <= 500
-    assert bd.clean_log("ld: something odd happened\n", build_dir="/b", toolchain=None, max_errors=3,
+    assert len(nvcc.clean_log(many * 50, build_dir="/b", toolchain=None, max_errors=1000, max_chars=500)) <= 500
+    assert nvcc.clean_log("ld: something odd happened\n", build_dir="/b", toolchain=None, max_errors=3,
                         max_chars=100) == "ld: something odd happened"
 
 
 def test_torch_paths_are_shortened(toolchain):
     inc = toolchain.torch_include[0]
-    log = bd.clean_log(f"{inc}/ATen/core/TensorBody.h(100): error: no instance of overloaded function\n",
+    log = nvcc.clean_log(f"{inc}/ATen/core/TensorBody.h(100): error: no instance of overloaded function\n",
                        build_dir="/b", toolchain=toolchain, max_errors=3, max_chars=1000)
     assert log.startswith("<torch>/ATen/core/TensorBody.h(100): error")
 
@@ -213,18 +216,18 @@ DRYRUN = [
 
 
 def test_classify_dry_run():
-    plan = bd._classify(DRYRUN)
+    plan = nvcc._classify(DRYRUN)
     assert [n for n, _ in plan.host] == ["host preprocess", "cudafe++"]
     assert [n for n, _ in plan.device] == ["device preprocess", "cicc", "ptxas", "fatbinary"]
     assert [n for n, _ in plan.final] == ["host compile"] and plan.module_id_file == "/t/x-4_k.module_id"
     assert "--gen_module_id_file" not in plan.host[1][1]
-    env = bd._assignments_env(plan.assignments)
+    env = nvcc._assignments_env(plan.assignments)
     assert env["CICC_PATH"] == "/cuda/nvvm/bin" and env["LIBRARIES"] == "-L/cuda/lib/stubs -L/cuda/lib"
 
 
 def test_unknown_dry_run_falls_back():
-    assert bd._classify(DRYRUN + ["nvlink --arch=sm_90 a.o -o b.o"]) is None
-    assert bd._classify([c for c in DRYRUN if not c.startswith("cudafe++")]) is None
+    assert nvcc._classify(DRYRUN + ["nvlink --arch=sm_90 a.o -o b.o"]) is None
+    assert nvcc._classify([c for c in DRYRUN if not c.startswith("cudafe++")]) is None
 
 
 # --- real builds (small: no torch headers) ---------------------------------------------------------------------------
@@ -282,7 +285,7 @@ def test_compiler_hang_is_killed(toolchain, sandbox_tmp):
 
 @pytest.mark.nvcc
 def test_object_cache_reuses_unchanged_translation_units(toolchain, sandbox_tmp):
-    from cuda_eval.cache import BuildCache
+    from cuda_eval.compile.cache import BuildCache
     cache = BuildCache(str(sandbox_tmp / "cache"), 1 << 30)
     builder = Builder(toolchain, cache, config=BuildConfig(use_pch=False))
     first = builder.build(tiny_spec("objc"), str(sandbox_tmp / "b1"), 300)
@@ -294,11 +297,11 @@ def test_object_cache_reuses_unchanged_translation_units(toolchain, sandbox_tmp)
 
 @pytest.mark.nvcc
 def test_runtime_builder_builds_unseen_specs_and_reports_failures(toolchain, sandbox_tmp):
-    rb = bd.RuntimeBuilder(None, str(sandbox_tmp / "rt"), toolchain=toolchain)
+    rb = RuntimeBuilder(None, str(sandbox_tmp / "rt"), toolchain=toolchain)
     so = rb(tiny_spec("rt_ok"))
     assert import_extension("rt_ok", so).plus_one(1) == 2 and len(rb.builds) == 1
     bad = TINY_CU.replace("return n + 1;", "return n + undefined_thing;")
-    with pytest.raises(bd.BuildError, match="undefined_thing"):
+    with pytest.raises(BuildError, match="undefined_thing"):
         rb(tiny_spec("rt_bad", bad))
 
 
@@ -338,7 +341,7 @@ GLUE_CU = ("torch::Tensor axpy(torch::Tensor a, torch::Tensor b, double s) {\n"
            "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n) { return {x * n, x + n}; }\n")
 GLUE_PROBE = r"""
 import json, sys, torch
-from cuda_eval.candidate import import_extension
+from cuda_eval.worker.extension_loader import import_extension
 m = import_extension("glue_ext", sys.argv[1])
 out = {"name": m.__name__, "module": m.axpy.__module__, "docs": [m.axpy.__doc__, m.pair.__doc__],
        "names": sorted(n for n in dir(m) if not n.startswith("__")),
@@ -364,7 +367,7 @@ def test_glue_binding_behaves_as_load_inlines_main_cpp(toolchain, sandbox_tmp):
     import json
     import subprocess
     import sys
-    from cuda_eval.cache import BuildCache
+    from cuda_eval.compile.cache import BuildCache
     cache = BuildCache(str(sandbox_tmp / "cache"), 1 << 30)
     spec = spec_from_load_inline(name="glue_ext", cpp_sources=GLUE_CPP, cuda_sources=GLUE_CU,
                                  functions=["axpy", "pair"])
@@ -375,7 +378,7 @@ def test_glue_binding_behaves_as_load_inlines_main_cpp(toolchain, sandbox_tmp):
         assert result.ok, result.raw_log
         assert result.binding_mode == mode, result.binding_failure
         probe = subprocess.run([sys.executable, "-c", GLUE_PROBE, result.so_path], capture_output=True, text=True,
-                               cwd=os.path.dirname(os.path.dirname(bd.__file__)), timeout=300)
+                               cwd=REPO, timeout=300)
         assert probe.returncode == 0, probe.stderr
         seen[mode] = json.loads(probe.stdout)
     assert seen["glue"] == seen["exact"]
@@ -386,7 +389,7 @@ def test_glue_binding_behaves_as_load_inlines_main_cpp(toolchain, sandbox_tmp):
                                     cuda_sources=GLUE_CU.replace("axpy", "axpy2"), functions=["axpy2", "pair"])
     again = Builder(toolchain, cache, config=BuildConfig(use_pch=False)).build(renamed, str(sandbox_tmp / "two"), 900)
     assert again.ok and again.binding_mode == "glue"
-    assert f"{bd.BINDING_OBJECT} (cached)" in [p.name for p in again.phases]
+    assert f"{glue.BINDING_OBJECT} (cached)" in [p.name for p in again.phases]
 
 
 @pytest.mark.nvcc
@@ -395,7 +398,7 @@ def test_glue_failure_falls_back_to_the_exact_main_cpp(toolchain, sandbox_tmp):
     fails its signature check, and the verdict is the exact main.cpp's (load_inline's own error)."""
     cpp = "torch::Tensor f(torch::Tensor x);\ntorch::Tensor f(torch::Tensor x, torch::Tensor y = torch::Tensor());\n"
     spec = spec_from_load_inline(name="glue_bad", cpp_sources=cpp, functions=["f"], with_cuda=False)
-    assert bd.glue_plan(spec, toolchain)[0] is not None
+    assert glue.glue_plan(spec, toolchain)[0] is not None
     result = Builder(toolchain, None, config=BuildConfig(use_pch=False)).build(spec, str(sandbox_tmp / "b"), 900)
     assert not result.ok and result.error_kind == "compile_error"
     assert result.binding_mode == "glue_failed_exact" and "glue unit did not compile" in result.binding_failure

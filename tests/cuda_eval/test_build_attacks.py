@@ -15,14 +15,18 @@ import tempfile
 
 import pytest
 
-from cuda_eval import build as bd
-from cuda_eval import candidate as cand
-from cuda_eval import flag_policy
-from cuda_eval import sandbox as sb
-from cuda_eval.build import BuildConfig, Builder, PchStore
-from cuda_eval.cache import BuildCache, UnsafeFile, copy_untrusted, read_untrusted
-from cuda_eval.candidate import ExtensionSpec, extract_code, spec_from_load_inline, speculate_specs
-from cuda_eval.compile_pool import ERROR_KINDS, MAX_RECORD_BYTES, RecordCorrupted, read_record
+from cuda_eval.compile import sources
+from cuda_eval.compile.build_dirs import BuildDirs
+from cuda_eval.compile.builder import BuildConfig, Builder
+from cuda_eval.compile.cache import BuildCache, UnsafeFile, copy_untrusted, read_untrusted
+from cuda_eval.compile.pch import PchStore
+from cuda_eval.compile.pool import ERROR_KINDS, MAX_RECORD_BYTES, RecordCorrupted, read_record
+from cuda_eval.protocol import extension_spec as cand
+from cuda_eval.protocol.extension_spec import ExtensionSpec, spec_from_load_inline
+from cuda_eval.sandbox import runner as sb
+from cuda_eval.static import flag_policy, static_record
+from cuda_eval.static.extraction import extract_code
+from cuda_eval.static.static_record import speculate_specs
 from sandbox_fixtures import compile_pool, run_lock, sandbox_tmp, shared_dir, toolchain  # noqa: F401 - fixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -177,8 +181,8 @@ def flag_sets(code: str) -> list[dict]:
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             try:
-                env[stmt.targets[0].id] = cand._static_value(stmt.value, env)
-            except cand._NotStatic:
+                env[stmt.targets[0].id] = static_record._static_value(stmt.value, env)
+            except static_record._NotStatic:
                 env.pop(stmt.targets[0].id, None)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -191,8 +195,8 @@ def flag_sets(code: str) -> list[dict]:
 
         def value(n):
             try:
-                return cand._static_value(n, env)
-            except cand._NotStatic:
+                return static_record._static_value(n, env)
+            except static_record._NotStatic:
                 return _Unknown()
         bound = sig.bind_partial(*[value(a) for a in node.args],
                                  **{k.arg: value(k.value) for k in node.keywords if k.arg}).arguments
@@ -385,7 +389,7 @@ def test_pch_build_reads_its_product_safely(toolchain, sandbox_tmp, canary):
         store = PchStore(cache, fake, str(sandbox_tmp / "work"), BuildConfig().limits)
         path = store.ensure(["-O2"], wait=True)
         if honest:
-            assert path and open(os.path.join(path, bd.PCH_HEADER + ".gch")).read().startswith("fake product")
+            assert path and open(os.path.join(path, sources.PCH_HEADER + ".gch")).read().startswith("fake product")
             assert all(f.stat(follow_symlinks=False).st_uid == os.geteuid() for f in os.scandir(path))
         else:
             assert path is None and "refusing" in next(iter(store.failures.values()))
@@ -408,7 +412,7 @@ def test_safe_read_refuses_links_to_root_files(sandbox_dir, canary, sandbox_tmp)
             copy_untrusted(out, name, str(product / name), owner=uid, max_bytes=1 << 20)
         with pytest.raises(UnsafeFile):
             read_untrusted(out, name, owner=uid, max_bytes=1 << 20)
-    dirs = bd._BuildDirs(str(sandbox_tmp), str(sandbox_tmp / "src"), out, str(product), owner=uid)
+    dirs = BuildDirs(str(sandbox_tmp), str(sandbox_tmp / "src"), out, str(product), owner=uid)
     with pytest.raises(UnsafeFile):
         dirs.take("ext.so", None)
     assert os.listdir(product) == []

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cuda_eval.cache import BuildCache
+from cuda_eval.compile.cache import BuildCache
 
 
 def key(i) -> str:

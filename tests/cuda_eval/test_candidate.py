@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cuda_eval import candidate as cand
-from cuda_eval.candidate import ExtensionSpec, extract_code
+from cuda_eval.protocol import extension_spec as cand
+from cuda_eval.protocol.extension_spec import ExtensionSpec
+from cuda_eval.static import static_record
+from cuda_eval.static.extraction import extract_code
+from cuda_eval.worker import extension_loader as loader
 
 PROGRAM = "import torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
 
@@ -152,13 +155,13 @@ def test_record_extensions_returns_modules_that_refuse_to_run():
     import torch.utils.cpp_extension as ce
     original = ce.load_inline
     sink = []
-    with cand.record_extensions(sink):
+    with loader.record_extensions(sink):
         from torch.utils.cpp_extension import load_inline
         mod = load_inline(name="rec", cpp_sources="int f();", functions=["f"])
         path = ce.load_inline(name="ops", cpp_sources="", is_python_module=False)
-        with pytest.raises(cand.ExtensionCallError, match="only recorded"):
+        with pytest.raises(loader.ExtensionCallError, match="only recorded"):
             mod.f(1)
-        with pytest.raises(cand.ExtensionCallError):
+        with pytest.raises(loader.ExtensionCallError):
             mod.anything_else()
     assert ce.load_inline is original
     assert [s.name for s in sink] == ["rec", "ops"] and isinstance(path, str)
@@ -186,7 +189,7 @@ def test_install_prebuilt_routes_known_specs_and_builds_unknown_ones():
         return _stdlib_extension("_csv")
 
     modules = [cand.BuiltModule("_json", so, "ab" * 32, False, known.key()).to_dict()]
-    with cand.install_prebuilt(modules, builder=builder_fake):
+    with loader.install_prebuilt(modules, builder=builder_fake):
         m1 = ce.load_inline(name="_json", cpp_sources="// known")
         m2 = ce.load_inline(name="_json", cpp_sources="// known")
         assert m1 is m2 and m1.__file__ == so and built == []
@@ -197,11 +200,11 @@ def test_install_prebuilt_routes_known_specs_and_builds_unknown_ones():
 
 def test_install_prebuilt_without_builder_explains():
     import torch.utils.cpp_extension as ce
-    with cand.install_prebuilt({}):
+    with loader.install_prebuilt({}):
         with pytest.raises(RuntimeError, match="not built in the compile stage"):
             ce.load_inline(name="late", cpp_sources="")
     with pytest.raises(ValueError, match="spec_key"):
-        cand.install_prebuilt([cand.BuiltModule("x", "/x.so", "ab" * 32)])
+        loader.install_prebuilt([cand.BuiltModule("x", "/x.so", "ab" * 32)])
 
 
 # --- static speculation ------------------------------------------------------------------------------------------------
@@ -224,7 +227,7 @@ class ModelNew(torch.nn.Module):
 
 
 def test_speculation_reads_module_level_literal_calls():
-    specs = cand.speculate_specs(SPEC_PROGRAM)
+    specs = static_record.speculate_specs(SPEC_PROGRAM)
     assert [s.name for s in specs] == ["spec_ext", "second"]
     assert specs[0] == cand.spec_from_load_inline(name="spec_ext", cpp_sources="torch::Tensor f(torch::Tensor x);",
                                                   cuda_sources=["#include <torch/extension.h>\n__global__ void k() {}"],
@@ -234,4 +237,4 @@ def test_speculation_reads_module_level_literal_calls():
 @pytest.mark.parametrize("code", ["def broken(:\n", SPEC_PROGRAM.replace("class ModelNew", "class Other"),
                                   "import torch\nclass ModelNew: pass\nx = load_inline(**{'name': 'a'})\n", "\0"])
 def test_speculation_gives_up_quietly(code):
-    assert cand.speculate_specs(code) == []
+    assert static_record.speculate_specs(code) == []

@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
-from cuda_eval import channel, compare, wire
-from cuda_eval.channel import ChannelError
+from cuda_eval.judge import compare
+from cuda_eval.protocol import channel, wire
+from cuda_eval.protocol.channel import ChannelError
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Static reward-hack policy (cuda_eval.checks): each rule fires on the construct it targets and stays quiet on the
+"""Static reward-hack policy (cuda_eval.static.checks): each rule fires on the construct it targets and stays quiet on the
 honest idioms next to it."""
 import textwrap
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cuda_eval import checks
-from cuda_eval.checks import StaticPolicy, cuda_kernel_names, static_check
+from cuda_eval.static import checks
+from cuda_eval.static.checks import StaticPolicy, cuda_kernel_names, static_check
 
 KERNEL = '''
 src = r"""
@@ -232,11 +232,11 @@ def test_python_os_use_that_is_not_an_escape():
 
 @pytest.mark.parametrize("extra,forward", [
     # our modules, through sys.modules, importlib, __import__ and plain aliases
-    ('import sys\n_t = sys.modules["cuda_eval.timing"]\n_t._perf_counter_ns = lambda: 0', "return ext.relu(x)"),
-    ('import sys\n_m = sys.modules\n_k = "cuda" + "_eval.timing"\n_t = _m[_k]', "return ext.relu(x)"),
-    ('import importlib\n_t = importlib.import_module("cuda_eval." + "timing")', "return ext.relu(x)"),
+    ('import sys\n_t = sys.modules["cuda_eval.protocol.timing"]\n_t._perf_counter_ns = lambda: 0', "return ext.relu(x)"),
+    ('import sys\n_m = sys.modules\n_k = "cuda" + "_eval.protocol.timing"\n_t = _m[_k]', "return ext.relu(x)"),
+    ('import importlib\n_t = importlib.import_module("cuda_eval." + "protocol.timing")', "return ext.relu(x)"),
     ('_t = __import__("cuda_" "eval")', "return ext.relu(x)"),
-    ("from cuda_eval import timing", "return ext.relu(x)"),
+    ("from cuda_eval.protocol import timing", "return ext.relu(x)"),
     # torch's dispatch and profiler switches: getattr with built names, aliases, f-strings, str.join
     ("", 'with getattr(torch._C, "_Disable" + "TorchDispatch")():\n    return ext.relu(x)'),
     ('_C = torch._C\n_name = "".join(["_Disable", "TorchDispatch"])',
@@ -278,7 +278,7 @@ def test_harness_access_rule_is_quiet_on_honest_idioms():
 
 
 def test_monkeypatch_follows_plain_aliases():
-    aliased = program("return ext.relu(x)", extra='import sys\n_t = sys.modules["cuda_eval.timing"]\n'
+    aliased = program("return ext.relu(x)", extra='import sys\n_t = sys.modules["cuda_eval.protocol.timing"]\n'
                                                   "_t._CudaEvent = object\n")
     assert {"monkeypatch", "harness_access"} <= codes(aliased)
 

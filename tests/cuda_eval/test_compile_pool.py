@@ -2,8 +2,9 @@
 
 import pytest
 
-from cuda_eval import candidate as cand
-from cuda_eval.compile_pool import CompileConfig, CompileOutcome
+from cuda_eval.compile.pool import CompileConfig, CompileOutcome
+from cuda_eval.protocol import extension_spec as cand
+from cuda_eval.worker import extension_loader as loader
 from sandbox_fixtures import (TEST_ARCH, built_add, candidate_pair, compile_pool, make_pool,  # noqa: F401
                               run_lock, shared_dir, toolchain)
 
@@ -49,7 +50,7 @@ def test_prebuilt_module_loads_in_stage_two(built_add):
     """What the GPU worker does: install the prebuilt modules, import the candidate, build ModelNew."""
     import torch  # noqa: F401
     task_source, code = candidate_pair("add")
-    with cand.install_prebuilt([m.to_dict() for m in built_add.modules]):
+    with loader.install_prebuilt([m.to_dict() for m in built_add.modules]):
         namespace = {"__name__": "stage2_candidate"}
         exec(compile(code, "candidate.py", "exec"), namespace)
         model = namespace["ModelNew"]()
@@ -80,7 +81,7 @@ def test_config_validation():
 
 def test_runtime_builder_finds_the_compile_stage_build(built_add, shared_dir, toolchain):
     """A build reached only at run time in the GPU worker is a cache hit when the compile stage built it."""
-    from cuda_eval.build import RuntimeBuilder
+    from cuda_eval.worker.runtime_build import RuntimeBuilder
     spec = cand.ExtensionSpec.from_dict(built_add.specs[0])
     rb = RuntimeBuilder(str(shared_dir / "cache"), str(shared_dir / "rt"), toolchain=toolchain)
     assert rb(spec) == built_add.modules[0].so_path and rb.builds == []

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from cuda_eval import _native
-from cuda_eval import candidate as cand
+from cuda_eval.worker import extension_loader as loader
 from sandbox_fixtures import (built_add, candidate_pair, compile_pool, run_lock, sandbox_tmp, shared_dir,  # noqa: F401
                               toolchain)
 
@@ -90,7 +90,7 @@ def test_benchmark_candidates_compile_run_and_match(torch_cuda, compiled, name):
     print(f"{name}: compiled in {out.timings['wall_s']:.1f} s, header {out.modules[0].header_mode}")
     task = {"__name__": f"task_{name}"}
     exec(compile(task_source, "task.py", "exec"), task)
-    with cand.install_prebuilt([m.to_dict() for m in out.modules]):
+    with loader.install_prebuilt([m.to_dict() for m in out.modules]):
         ns = {"__name__": f"cand_{name}"}
         exec(compile(code, "candidate.py", "exec"), ns)
         init = task["get_init_inputs"]()
@@ -109,7 +109,7 @@ def test_benchmark_candidates_compile_run_and_match(torch_cuda, compiled, name):
 
 @pytest.mark.nvcc
 def test_arch_auto_is_the_gpus(torch_cuda, shared_dir):
-    from cuda_eval import toolchain as tc
+    from cuda_eval.compile import toolchain as tc
     major, minor = torch_cuda.cuda.get_device_capability()
     assert tc.detect("auto", cache_dir=str(shared_dir / "cache")).arch == f"sm_{major}{minor}"
     assert re.fullmatch(r"sm_\d+", tc.gpu_arch())
@@ -118,7 +118,7 @@ def test_arch_auto_is_the_gpus(torch_cuda, shared_dir):
 def test_a_sandboxed_process_can_use_the_gpu(sandbox_tmp):
     """The GPU stage runs candidates under a sandbox uid: the device nodes must be usable by it."""
     import sys
-    from cuda_eval import sandbox as sb
+    from cuda_eval.sandbox import runner as sb
     code = "import torch; x = torch.ones(4, device='cuda'); print(float(x.sum()), torch.cuda.get_device_name())"
     limits = sb.SandboxLimits(address_space_bytes=None, wall_timeout_s=180, processes=2048)
     res = sb.run_sandboxed([sys.executable, "-c", code], str(sandbox_tmp / "w"), limits)

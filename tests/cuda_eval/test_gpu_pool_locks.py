@@ -79,7 +79,7 @@ def test_a_sharing_sampler_lets_the_judge_time_within_one_of_its_calls(tmp_path)
     import pytest
 
     from cuda_eval.gpu_pool import DeviceShare, _open_lock
-    from cuda_eval.harness import Device
+    from cuda_eval.protocol.harness import Device
     lock = str(tmp_path / "device-0.lock")
     device = Device.__new__(Device)   # the lock logic alone (no torch device set-up)
     device.lock_fd, device.intent_fd = _open_lock(lock), _open_lock(lock + ".intent")

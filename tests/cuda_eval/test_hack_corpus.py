@@ -3,7 +3,7 @@
 import pytest
 
 import corpus_index
-from cuda_eval import checks
+from cuda_eval.static import checks
 
 ADVERSARIAL = corpus_index.load("adversarial")
 HONEST = corpus_index.load("honest")

@@ -10,9 +10,9 @@ import os
 import pytest
 
 import corpus_index
-from cuda_eval import sandbox
 from cuda_eval.api import EvalConfig, EvalRequest, Evaluator
 from cuda_eval.gpu_pool import GpuPool, PoolConfig
+from cuda_eval.sandbox import runner as sandbox
 from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (the run's shared pool)
 
 HONEST_RELU = next(c for c in corpus_index.load("cpu") if c.name == "honest_relu")
@@ -102,13 +102,13 @@ class _HostDevice:
         import contextlib
 
         import torch
-        from cuda_eval import device_kernels
+        from cuda_eval.protocol import device_kernels
         self.torch_device = torch.device("cpu")
         self.kernels = device_kernels.Kernels("cpu")
         self.exclusive = lambda deadline=None: contextlib.nullcontext()
 
     def timer_for(self, method):
-        from cuda_eval import timing
+        from cuda_eval.protocol import timing
         return timing.HostTimer()
 
     def sync(self):
@@ -116,7 +116,7 @@ class _HostDevice:
 
 
 def _bare_job(input_bytes: int, output_bytes: int, **fields):
-    from cuda_eval.judge import Job
+    from cuda_eval.judge.job import Job
     job = Job.__new__(Job)   # no socket, no task: the judge's own arithmetic only
     job.device, job.flags, job.meta, job.groups, job.revealed = _HostDevice(), [], {}, [], []
     job.cfg, job.dyn, job.deadline, job.digest_key = {}, {}, None, 1234
@@ -129,7 +129,7 @@ def _bare_job(input_bytes: int, output_bytes: int, **fields):
 @pytest.mark.parametrize("in_gib,out_gib,size", [(8, 8, 1), (16, 0.125, 1), (1, 1, 2), (0.001, 0.001, 32)])
 def test_every_group_of_calls_holds_at_most_the_group_size(in_gib, out_gib, size):
     """The estimate too: four calls of an 8 GiB-in, 8 GiB-out task in one group would hold 64 GiB in the worker."""
-    from cuda_eval import timing
+    from cuda_eval.protocol import timing
     job = _bare_job(int(in_gib * 2**30), int(out_gib * 2**30))
     job.timing_config = timing.TimingConfig(method="gated", min_reps=20, max_reps=20)
     sizes = []
@@ -152,8 +152,8 @@ def test_the_replay_allocates_the_reference_layout_and_holds_nothing_between_gro
     would stay on the card for the whole job); the replay allocates each call's outputs like them on the judge's
     device."""
     import torch
-    from cuda_eval.harness import map_tree
-    from cuda_eval.judge import _EmptyTensor
+    from cuda_eval.judge.job import _EmptyTensor
+    from cuda_eval.protocol.harness import map_tree
     out = (torch.randn(6, 4).t(), [torch.arange(5), 3])   # a non-contiguous leaf, an int64 one, a scalar
     template = map_tree(out, _EmptyTensor)
     assert not [t for t in (template[0], template[1][0]) if isinstance(t, torch.Tensor)]
@@ -173,8 +173,8 @@ def test_the_replay_allocates_the_reference_layout_and_holds_nothing_between_gro
 def test_large_outputs_are_accepted_up_to_the_granted_buffer():
     """A revealed output takes no more host memory than the pool granted: over 1 GiB, the judge accepts what the
     buffer holds (an output with the reference's shapes always fits); smaller outputs may be up to twice the size."""
-    from cuda_eval import wire
-    from cuda_eval.judge import OUTPUT_SLACK_BYTES
+    from cuda_eval.judge.job import OUTPUT_SLACK_BYTES
+    from cuda_eval.protocol import wire
     big = _bare_job(8 << 30, 8 << 30, output_sizes=[8 << 30], large_output=True)
     assert big.max_output_bytes() == big.output_buffer_bytes() == wire.layout_bytes([8 << 30]) + OUTPUT_SLACK_BYTES
     small = _bare_job(1 << 20, 3 << 20, output_sizes=[1 << 20, 2 << 20], large_output=False)
@@ -187,7 +187,7 @@ def test_large_tensors_are_digested_in_chunks_to_the_same_value(monkeypatch):
     """Over CHUNK_BYTES the torch-op digest (CPU, a GPU without NVRTC, a host copy digested on the card) runs in
     chunks of lanes, with the same value as the one-piece spec: temporaries of a chunk, not ~4x the output."""
     import torch
-    from cuda_eval import device_kernels
+    from cuda_eval.protocol import device_kernels
     kernels = device_kernels.Kernels("cpu")
     base = torch.randn(50_003)
     tensors = [base, base.half(), base[1:].view(torch.uint8)[:30_001], torch.randn(300, 170).t(),
@@ -205,15 +205,14 @@ def test_large_tensors_are_digested_in_chunks_to_the_same_value(monkeypatch):
 
 
 def wire_received(t):
-    from cuda_eval import wire
+    from cuda_eval.protocol import wire
     return wire.Received(t.contiguous().clone(), "cuda")
 
 
 def test_a_large_recent_size_a_free_block_covers_is_not_poisoned_anew():
     """The worker poisons every free block of its allocator and a block of each recent output size; a multi-GB size
     that a free block already holds is not allocated again (the process would keep another 8 GiB)."""
-    from cuda_eval.dynamic_checks import POISON_COVERED_MIN_BYTES as big
-    from cuda_eval.dynamic_checks import poison_sizes
+    from cuda_eval.worker.dynamic_checks import POISON_COVERED_MIN_BYTES as big, poison_sizes
     assert poison_sizes([], [1 << 20]) == [1 << 20]
     assert poison_sizes([2 << 20], [1 << 20]) == [2 << 20, 1 << 20]        # small sizes: as before
     assert poison_sizes([8 * big, 3 * big], [8 * big]) == [8 * big, 3 * big]

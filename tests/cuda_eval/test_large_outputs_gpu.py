@@ -105,7 +105,7 @@ def test_a_host_copy_is_digested_on_the_card_in_chunks():
     chunk (never a second whole copy there), with the value the worker's NVRTC kernel commits to."""
     import torch
 
-    from cuda_eval import device_kernels, wire
+    from cuda_eval.protocol import device_kernels, wire
     kernels = device_kernels.Kernels("cuda")
     assert kernels.backend == "nvrtc", kernels.fallback_reason
     t = torch.randn(GIB // 4 + 3, device="cuda")

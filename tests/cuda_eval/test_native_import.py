@@ -22,7 +22,8 @@ def test_a_missing_build_is_a_clear_import_error(tmp_path):
     (pkg / "_native" / "module.cpp").write_text("// sources\n")
     code = ("import cuda_eval, sys\n"
             "assert cuda_eval.__file__.startswith(sys.argv[1]), cuda_eval.__file__\n"
-            "stmts = ('import cuda_eval._native', 'from cuda_eval import _native', 'from cuda_eval import sandbox')\n"
+            "stmts = ('import cuda_eval._native', 'from cuda_eval import _native', "
+            "'from cuda_eval.sandbox import runner')\n"
             "for stmt in stmts:\n"
             "    try:\n"
             "        exec(stmt)\n"

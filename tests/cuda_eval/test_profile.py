@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cuda_eval import feedback, kernel_profile as kp
+from cuda_eval import feedback
 from cuda_eval.api import EvalRequest, EvalResult
+from cuda_eval.profile import kernel_profile as kp
 
 DATA = Path(__file__).parent / "data"
 PROFILES = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "kernel_profiles").glob("*.json"))}
@@ -116,7 +117,7 @@ def test_parse_recorded_res_usage():
 @pytest.mark.nvcc
 def test_res_usage_of_a_real_build(tmp_path):
     """A shared library built here with nvcc for sm_90, read by the cuobjdump the evaluator would use."""
-    from cuda_eval import kernel_profiler
+    from cuda_eval.profile import kernel_profiler
     cuobjdump = kp.find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump (CUDA's bin/, PATH, or the nvidia-cuda-cuobjdump package)")

@@ -10,8 +10,8 @@ import tempfile
 import pytest
 
 import corpus_index
-from cuda_eval import kernel_profile
 from cuda_eval.api import EvalConfig, EvalRequest, Evaluator
+from cuda_eval.profile import kernel_profile
 
 pytestmark = pytest.mark.gpu
 

@@ -1,12 +1,13 @@
-"""Evaluation profiles (cuda_eval/profiles.py): named sets of EvalConfig fields, KernelBench's static rules, and
+"""Evaluation profiles (cuda_eval/scoring.py): named sets of EvalConfig fields, KernelBench's static rules, and
 flags that are advisory under the kernelbench profile but zero the score under kevin. The pipeline runs with the
 pool fakes of test_api (CompilePoolFake, GpuPoolFake): these tests are about the verdict's assembly."""
 import dataclasses
 
 import pytest
 
-from cuda_eval import checks, profiles
+from cuda_eval import scoring
 from cuda_eval.api import EvalConfig, EvalRequest
+from cuda_eval.static import checks
 from test_api import make_evaluator, outcome, response, worker_result
 
 TORCH_IN_FORWARD = '''import torch
@@ -68,7 +69,7 @@ def test_kevin_is_the_defaults_and_each_profile_sets_its_fields():
         ("kernelbench", True, 5, "kernelbench", 0.0)
     strict = EvalConfig(profile="strict")
     assert strict.strict and strict.flag_native_threads and strict.static_policy == "auto"
-    for name, profile in profiles.PROFILES.items():
+    for name, profile in scoring.PROFILES.items():
         cfg = EvalConfig(profile=name)
         assert all(getattr(cfg, k) == v for k, v in profile.settings.items())
         assert dataclasses.replace(cfg) == cfg       # re-validation keeps the profile's own values
@@ -98,8 +99,8 @@ def test_kernelbench_static_rules_add_the_pass_rule():
 
 def test_split_flags():
     flags = [{"code": "try_except", "reason": "a"}, {"code": "library_heavy_op", "reason": "b"}]
-    assert profiles.split_flags(flags, "kevin") == (flags, [])
-    rejecting, advisory = profiles.split_flags(flags, "kernelbench")
+    assert scoring.split_flags(flags, "kevin") == (flags, [])
+    rejecting, advisory = scoring.split_flags(flags, "kernelbench")
     assert rejecting == flags[:1]
     assert advisory == [{"code": "library_heavy_op", "reason": "b", "note": "would be rejected under kevin"}]
 

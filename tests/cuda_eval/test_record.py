@@ -1,12 +1,12 @@
-"""Stage 1 recording: running a candidate on the CPU with load_inline intercepted (cuda_eval.record)."""
+"""Stage 1 recording: running a candidate on the CPU with load_inline intercepted (cuda_eval.worker.record)."""
 import json
 import os
 import sys
 
 import pytest
 
-from cuda_eval import record
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
+from cuda_eval.worker import record
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
 TASK = """
@@ -139,7 +139,7 @@ def test_a_hang_after_recording_still_leaves_the_specs(sandbox_tmp):
     (work / "candidate.py").write_text(HEAD + "ext = load_inline(name='then_hang', cpp_sources=SRC)\n"
                                               "while True:\n    pass\nclass ModelNew: pass\n")
     limits = sb.SandboxLimits(wall_timeout_s=15, address_space_bytes=16 << 30)
-    res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.record", str(work)], str(work), limits,
+    res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.worker.record", str(work)], str(work), limits,
                            extra_env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert res["timed_out"]
     r = json.loads((work / record.RECORD_FILE).read_text())
@@ -151,7 +151,7 @@ def test_record_main_exits_zero_even_if_the_candidate_exits(sandbox_tmp):
     work.mkdir()
     (work / "task.py").write_text(TASK)
     (work / "candidate.py").write_text(HEAD + "import sys\nsys.exit(5)\nclass ModelNew: pass\n")
-    res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.record", str(work)], str(work),
+    res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.worker.record", str(work)], str(work),
                            sb.SandboxLimits(wall_timeout_s=60))
     r = json.loads((work / record.RECORD_FILE).read_text())
     assert res["exit_code"] == 0 and r["done"] and r["error_kind"] == "record_error" and "SystemExit" in r["error"]

@@ -7,10 +7,10 @@ import stat
 
 import pytest
 
-from cuda_eval import safe_dirs
-from cuda_eval import toolchain as tc
-from cuda_eval.cache import BuildCache
+from cuda_eval.compile import toolchain as tc
+from cuda_eval.compile.cache import BuildCache
 from cuda_eval.ref_timing import ReferenceTimingCache
+from cuda_eval.sandbox import safe_dirs
 from sandbox_fixtures import run_lock, sandbox_tmp, shared_dir, toolchain  # noqa: F401 - fixtures
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make files of another uid")
@@ -121,7 +121,7 @@ def test_every_other_trusted_dir_owned_by_another_uid_is_refused(sandbox_tmp, wh
     foreign.mkdir()
     os.chown(foreign, OTHER, OTHER)
     if which == "work_root":
-        from cuda_eval.compile_pool import CompileConfig, CompilePool
+        from cuda_eval.compile.pool import CompileConfig, CompilePool
         with pytest.raises(safe_dirs.UnsafeDirectory, match="compile work root"):
             CompilePool(CompileConfig(cache_dir=str(sandbox_tmp / "cache"), work_root=str(foreign), pch="off"))
     elif which == "run_dir":

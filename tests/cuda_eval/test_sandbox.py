@@ -15,7 +15,7 @@ import pytest
 
 from cuda_eval import _native, gpu_pool
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
 
 DEDICATED = sb.identity_mode() == "dedicated"
 ROOT_WITHOUT_UID = os.geteuid() == 0 and not DEDICATED
@@ -51,7 +51,7 @@ def test_environment_is_an_allow_list(sandbox_tmp, monkeypatch):
     assert "KEVIN_SECRET_TOKEN" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == "3"
     assert env["HOME"] == str(sandbox_tmp / "work") and env["TMPDIR"] == str(sandbox_tmp / "work")
-    assert os.path.dirname(os.path.dirname(sb.__file__)) in env["PYTHONPATH"].split(os.pathsep) or DEDICATED
+    assert sb.PACKAGE_PARENT in env["PYTHONPATH"].split(os.pathsep) or DEDICATED
 
 
 def test_output_is_capped_and_the_rest_drained(sandbox_tmp):
@@ -177,7 +177,8 @@ def test_spawn_lifetime_cap(sandbox_tmp):
 PARENT_THEN_KILLED = """
 import os, signal, sys, time
 sys.path[:0] = {paths!r}
-from cuda_eval import gpu_pool, sandbox as sb
+from cuda_eval import gpu_pool
+from cuda_eval.sandbox import runner as sb
 limits = sb.SandboxLimits(**{limits!r})
 argv = [sys.executable, "-c", "import time; time.sleep(120)"]
 if {pool!r}:
@@ -291,7 +292,7 @@ def test_running_candidates_as_root_is_refused(sandbox_tmp, monkeypatch):
 
 UNUSABLE_UID = """
 import os, sys
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
 try:
     res = sb.run_sandboxed([sys.executable, "-c", "open('ran', 'w')"], {work!r}, sb.SandboxLimits(wall_timeout_s=30))
     print("RAN", res["uid"], res["stderr"][-500:])
@@ -307,7 +308,7 @@ def test_an_unusable_sandbox_uid_fails_closed_with_the_fix_in_the_message(sandbo
     private = sandbox_tmp / "private"
     private.mkdir(mode=0o700)
     os.chmod(private, 0o700)
-    shutil.copytree(os.path.dirname(sb.__file__), private / "cuda_eval",
+    shutil.copytree(os.path.join(sb.PACKAGE_PARENT, "cuda_eval"), private / "cuda_eval",
                     ignore=shutil.ignore_patterns("__pycache__"))
     foreign = sandbox_tmp / "runtime"
     foreign.mkdir()

@@ -11,8 +11,8 @@ import tempfile
 
 import pytest
 
-from cuda_eval import _native, cgroups, gpu_pool
-from cuda_eval import sandbox as sb
+from cuda_eval import _native, gpu_pool
+from cuda_eval.sandbox import cgroups, runner as sb
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
 DEDICATED = sb.identity_mode() == "dedicated"
@@ -164,7 +164,7 @@ def test_a_memory_cgroup_bounds_what_rlimits_do_not_see(sandbox_tmp, monkeypatch
 # --- (c) one lease of each uid for the whole machine; one pool per run dir -----------------------------------------
 HOLD_LEASE = """
 import os, sys
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
 sb.configure(uid_range=sys.argv[1])
 try:
     lease = sb._lease_uid()
@@ -192,7 +192,7 @@ def test_evaluators_with_different_lock_settings_never_share_a_uid():
     """Two evaluators (processes) that were told different lock dirs (the old per-evaluator setting) still lease
     from one machine-wide place: with one uid in the range, the second one waits for it instead of sharing it."""
     uid = _fresh_uids(1)[0]
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(sb.__file__))}
+    env = {**os.environ, "PYTHONPATH": sb.PACKAGE_PARENT}
     first = subprocess.Popen(py(HOLD_LEASE, f"{uid}-{uid}"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env={**env, "CUDA_EVAL_SANDBOX_LOCK_DIR": "/tmp/cuda_eval_test_locks_a"})
     try:
@@ -253,7 +253,7 @@ def test_a_uid_someone_else_uses_is_skipped_and_left_alone(monkeypatch, caplog):
     monkeypatch.setattr(sb.IDENTITY, "uid_base", busy)
     monkeypatch.setattr(sb.IDENTITY, "slots", 3)
     try:
-        with caplog.at_level(logging.WARNING, logger="cuda_eval.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="cuda_eval.sandbox.runner"):
             for _ in range(8):
                 lease = sb._lease_uid()
                 assert lease.uid == free
@@ -281,7 +281,8 @@ UNPRIVILEGED = """
 import json, logging, os, socket, sys
 os.environ.pop({inside!r}, None)        # a normal user's evaluator, not a sandbox started from a sandbox
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-from cuda_eval import _native, sandbox as sb
+from cuda_eval import _native
+from cuda_eval.sandbox import runner as sb
 out = {{"uid": os.getuid()}}
 try:  # what the kernel allows, asked directly (not through the sandbox's choice of mode)
     _native.run(["true"], env={{}}, cwd="/", timeout_s=30, limits={{}}, output_cap_bytes=1024, userns=True,
@@ -372,7 +373,8 @@ def test_without_root_or_namespaces_candidates_are_refused_unless_opted_in(sandb
 GPU_IN_NAMESPACES = """
 import os, sys
 os.environ.pop({inside!r}, None)
-from cuda_eval import _native, sandbox as sb
+from cuda_eval import _native
+from cuda_eval.sandbox import runner as sb
 try:
     _native.run(["true"], env={{}}, cwd="/", timeout_s=30, limits={{}}, output_cap_bytes=1024, userns=True,
                 writable_dir=os.getcwd())

@@ -14,10 +14,10 @@ import tempfile
 
 import pytest
 
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(sb.__file__))
+PACKAGE_DIR = os.path.join(sb.PACKAGE_PARENT, "cuda_eval")
 REPO = os.path.dirname(PACKAGE_DIR)
 
 pytestmark = [
@@ -28,7 +28,7 @@ pytestmark = [
 IN_CLONE = """
 import json, os, sys
 import cuda_eval
-from cuda_eval import sandbox as sb
+from cuda_eval.sandbox import runner as sb
 info = sb.isolation()
 code = ("import json, os, sys, cuda_eval, cuda_eval._native, torch\\n"
         "print(json.dumps(dict(uid=os.getuid(), exe=sys.executable, pkg=cuda_eval.__file__,"

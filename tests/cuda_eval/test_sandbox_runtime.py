@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from cuda_eval import sandbox as sb
-from cuda_eval import sandbox_runtime as rt
-from cuda_eval.sandbox_runtime import RuntimeView, runtime_view, why_unreadable, world_readable
+from cuda_eval.sandbox import runner as sb, runtime as rt
+from cuda_eval.sandbox.runtime import RuntimeView, runtime_view, why_unreadable, world_readable
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cuda_eval.candidate import spec_from_load_inline, static_record_specs
-from cuda_eval.record import CANDIDATE_FILE, TASK_FILE
+from cuda_eval.protocol.extension_spec import spec_from_load_inline
+from cuda_eval.static.static_record import static_record_specs
+from cuda_eval.worker.record import CANDIDATE_FILE, TASK_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,8 +192,8 @@ def _record_in_subprocess(programs: list[tuple[str, str]], tmp_path) -> list[lis
     script = textwrap.dedent('''
         import json, os, sys
         import torch
-        from cuda_eval import record
-        from cuda_eval.candidate import ExtensionSpec
+        from cuda_eval.protocol.extension_spec import ExtensionSpec
+        from cuda_eval.worker import record
         for d in sys.argv[1:]:
             pid = os.fork()
             if pid == 0:

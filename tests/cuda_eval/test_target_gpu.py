@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from cuda_eval import api, flag_policy
-from cuda_eval import toolchain as tc
+from cuda_eval import api
 from cuda_eval.api import EvalConfig
+from cuda_eval.compile import toolchain as tc
+from cuda_eval.static import flag_policy
 
 CAPABILITIES = [("7.5", "sm_75"), ("8.0", "sm_80"), ("8.6", "sm_86"), ("8.9", "sm_89"), ("9.0", "sm_90"),
                 ("10.0", "sm_100"), ("10.3", "sm_103"), ("12.0", "sm_120"), ("12.1", "sm_121")]

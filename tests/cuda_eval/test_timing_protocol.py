@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 
-from cuda_eval import device_kernels, dynamic_checks, timing, wire
-from cuda_eval.judge import _chunks, _process_tree_cpu_ns
+from cuda_eval.judge.job import _chunks, _process_tree_cpu_ns
+from cuda_eval.protocol import device_kernels, timing, wire
+from cuda_eval.worker import dynamic_checks
 
 M64 = (1 << 64) - 1
 
@@ -172,11 +173,13 @@ class _FakeDevice:
 
 
 def _job(device_type: str = "cpu"):
-    from cuda_eval.judge import Job
+    from cuda_eval.api import EvalConfig, job_config
+    from cuda_eval.judge.job import Job
     job = Job.__new__(Job)   # no socket, no task: only the arithmetic of the timing phase
     job.device, job.flags, job.meta = _FakeDevice(device_type), [], {}
     job.group_method, job.gate_ms, job.retries, job.rng_dependent, job.revealed = "gated", 1.0, 0, False, []
-    job.payload, job.dyn, job.groups = {"kernel_names": ["my_kernel"]}, {}, []
+    settings = job_config(EvalConfig(), kernel_profile=False, profile_tools={"cuobjdump": None})
+    job.kernel_names, job.settings, job.groups = ["my_kernel"], settings, []
     return job
 
 
@@ -186,7 +189,7 @@ def _group(kind: str, times: list, wall_s: float, replay_s: float, empty_ms: flo
 
 
 def test_the_reward_time_is_what_the_judges_clock_proves():
-    from cuda_eval import judge
+    from cuda_eval.judge import job as judge
     allowance = judge.GROUP_JITTER_S["cuda"]
     # Honest: 32 calls of 1 ms, the wall holds them plus the replay's cost and a little noise.
     honest = _job("cuda")

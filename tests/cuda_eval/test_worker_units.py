@@ -6,7 +6,9 @@ import time
 import pytest
 import torch
 
-from cuda_eval import compare, dynamic_checks, timing
+from cuda_eval.judge import compare
+from cuda_eval.protocol import harness, tensors, timing, tracing
+from cuda_eval.worker import dynamic_checks
 
 
 def test_compare_tolerances_and_errors():
@@ -48,20 +50,20 @@ def test_non_plain_tensors():
         def __torch_function__(cls, *a, **k):
             return None
 
-    assert compare.non_plain_tensors(torch.zeros(2)) == []
-    assert compare.non_plain_tensors((torch.zeros(2), torch.zeros(2).as_subclass(Sub)))[0].endswith("Sub")
-    assert compare.non_plain_tensors(Wrapper())[0].endswith("Wrapper")
-    assert compare.non_plain_tensors(torch.nn.Parameter(torch.zeros(2)))  # a Parameter is a subclass too
+    assert dynamic_checks.non_plain_tensors(torch.zeros(2)) == []
+    assert dynamic_checks.non_plain_tensors((torch.zeros(2), torch.zeros(2).as_subclass(Sub)))[0].endswith("Sub")
+    assert dynamic_checks.non_plain_tensors(Wrapper())[0].endswith("Wrapper")
+    assert dynamic_checks.non_plain_tensors(torch.nn.Parameter(torch.zeros(2)))  # a Parameter is a subclass too
 
 
 def test_aliasing_and_poison():
     x = torch.randn(10)
-    assert compare.overlaps(x[2:5], [x]) and not compare.overlaps(x.clone(), [x])
+    assert tensors.overlaps(x[2:5], [x]) and not tensors.overlaps(x.clone(), [x])
     junk = torch.empty(8, dtype=torch.float32)
-    junk.view(torch.uint8).fill_(compare.POISON_BYTE)
+    junk.view(torch.uint8).fill_(tensors.POISON_BYTE)
     assert compare.poison_fraction(junk) == 1.0 and compare.poison_fraction(torch.zeros(8)) == 0.0
-    assert compare.bitwise_equal([torch.tensor([float("nan")])], [torch.tensor([float("nan")])])
-    assert not compare.bitwise_equal([torch.tensor([0.0])], [torch.tensor([-0.0])])
+    assert tensors.bitwise_equal([torch.tensor([float("nan")])], [torch.tensor([float("nan")])])
+    assert not tensors.bitwise_equal([torch.tensor([0.0])], [torch.tensor([-0.0])])
 
 
 def test_forward_trace_attributes_ops_to_python_or_extension():
@@ -79,7 +81,7 @@ def test_forward_trace_attributes_ops_to_python_or_extension():
 def test_forward_trace_sees_task_code():
     src = "def forward(x):\n    return x + 1\n"
     namespace = {}
-    exec(compile(src, dynamic_checks.TASK_FILENAME, "exec"), namespace)
+    exec(compile(src, harness.TASK_FILENAME, "exec"), namespace)
     with dynamic_checks.ForwardTrace([]) as trace:
         namespace["forward"](torch.ones(2))
     assert trace.task_code_calls == {"forward"}
@@ -87,20 +89,20 @@ def test_forward_trace_sees_task_code():
 
 def test_reference_ops_and_heavy_ops():
     a = torch.randn(4, 4)
-    assert dynamic_checks.reference_compute_ops(lambda: torch.relu(a @ a)) == ["mm", "relu"]
-    assert "mm" in dynamic_checks.HEAVY_OPS and dynamic_checks.is_compute("relu")
-    assert not dynamic_checks.is_compute("empty_like")
+    assert tracing.reference_compute_ops(lambda: torch.relu(a @ a)) == ["mm", "relu"]
+    assert "mm" in tracing.HEAVY_OPS and tracing.is_compute("relu")
+    assert not tracing.is_compute("empty_like")
 
 
 def test_fork_check_judges_kernels_against_the_gate():
     """The fork check's rule on a recorded timeline (microseconds): a kernel on another stream that started before
     the gate on the current stream ended did not wait for it; one that started after it did, or may have."""
-    K = dynamic_checks.KernelRecord
+    K = tracing.KernelRecord
     gate = K("void at::cuda::(anonymous namespace)::spin_kernel(long)", stream=7, start_us=100.0, end_us=2100.0)
     cheat = K("relu_kernel(float const*, float*, long)", stream=13, start_us=140.0, end_us=150.0)
     forked = K("relu_part_kernel(float const*, float*, long, long)", stream=13, start_us=2104.0, end_us=2110.0)
     own = K("relu_part_kernel(float const*, float*, long, long)", stream=7, start_us=2101.0, end_us=2109.0)
-    trace = dynamic_checks.KernelTrace()
+    trace = tracing.KernelTrace()
     trace.kernels = [cheat, own, gate, forked]
     assert trace.gate() is gate
     assert trace.unforked_kernels() == [cheat]

