@@ -75,7 +75,6 @@ def defaults() -> ConfigDict:
     # or a JSONL path (kevin_jax/sft.py); launch/sft.py runs this section standalone and writes an HF checkpoint.
     c.warm_start = ConfigDict(dict(steps=0, learning_rate=1e-3, batch_size=8, length_buckets=0, corpus="",
                                    solution_tasks="", answer_every_prompt=False))
-    c.debug = ConfigDict(dict(kill_at_phase="", kill_at_step=-1))
     return c
 
 

@@ -2,8 +2,7 @@
 
 Every section is a plain dataclass owned by the component that reads it (SECTIONS), so `--config.<section>.<field>`
 reaches that component unchanged; the few sections read by the programs themselves (where the policy comes from,
-the tokenizer, held-out evaluation, debug switches) are defined here. Unknown sections or fields are errors that
-name them.
+the tokenizer, held-out evaluation) are defined here. Unknown sections or fields are errors that name them.
 """
 from __future__ import annotations
 
@@ -64,28 +63,12 @@ class HoldoutConfig:
     num_trajectories: int = 4
 
 
-KILL_PHASES = ("", "sampling", "evaluation", "update", "checkpoint")
-
-
-@dataclasses.dataclass
-class DebugConfig:
-    """Debug switches (config section `debug`). kill_at_phase / kill_at_step: SIGKILL this process during that
-    phase of that step ("sampling": after the first sampler call; "evaluation": while the first evaluation batch is
-    in flight; "update": between the two optimiser updates; "checkpoint": while the checkpoint is being written)."""
-    kill_at_phase: str = ""
-    kill_at_step: int = -1
-
-    def __post_init__(self):
-        if self.kill_at_phase not in KILL_PHASES:
-            raise ValueError(f"debug.kill_at_phase must be one of {KILL_PHASES}, got {self.kill_at_phase!r}")
-
-
 SECTIONS: dict[str, tuple[type, ...]] = {
     "model": (ModelSource, qwen2.ModelOptions), "tokenizer": (TokenizerConfig,), "tasks": (TasksConfig,),
     "env": (EnvConfig,), "reward": (RewardConfig,), "sampler": (SamplerConfig,), "eval": (EvalConfig,),
     "rl": (RLConfig,), "optim": (rl_state.OptimConfig,), "mesh": (parallel.ParallelConfig,), "gpu": (GpuConfig,),
     "log": (logs.LogConfig,), "ckpt": (ckpt_lib.CheckpointConfig,), "holdout": (HoldoutConfig,),
-    "warm_start": (WarmStartConfig,), "debug": (DebugConfig,),
+    "warm_start": (WarmStartConfig,),
 }
 TOP_LEVEL = {"seed": int, "total_steps": int, "response_schedule": str}
 
@@ -109,7 +92,6 @@ class RunSpec:
     ckpt: ckpt_lib.CheckpointConfig
     holdout: HoldoutConfig
     warm_start: WarmStartConfig
-    debug: DebugConfig
     seed: int
     total_steps: int
     response_schedule: tuple[tuple[int, int], ...]

@@ -99,8 +99,9 @@ if [ -z "${SKIP_RESUME:-}" ]; then
   RESUME="--config.model.shape=qwq_32b_depth8 --config.tokenizer.path=$HF_DIR $CAPS --config.ckpt.dir=$SHM
     --config.ckpt.max_to_keep=1"
   T=$SECONDS
-  timeout 1200 python3 launch/train.py --config=configs/kevin32b.py --workdir="$WORK/depth8" $RESUME \
-    --config.debug.kill_at_phase=checkpoint --config.debug.kill_at_step=2 > "$OUT/resume_A.log" 2>&1
+  # run A: launch/train.py's own main, SIGKILLed while step 2's checkpoint is being written
+  timeout 1200 python3 tests/kevin_jax/kill_at_phase.py --kill_at_phase=checkpoint --kill_at_step=2 \
+    --config=configs/kevin32b.py --workdir="$WORK/depth8" $RESUME > "$OUT/resume_A.log" 2>&1
   rc=$?
   note "stage 3 run A: rc=$rc (137 = SIGKILLed as asked) in $((SECONDS - T)) s"
   cp "$WORK/depth8/trajectories/step_000002.jsonl" "$WORK/step2_killed.jsonl" 2>/dev/null

@@ -15,12 +15,12 @@ Pure numpy on plain data, so saved trajectories can be re-scored without the eva
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from kevin_jax.env.episode import Trajectory
 from kevin_jax.env.reward import RewardConfig, turn_score
+from kevin_jax.env.trajectory import Trajectory, Turn
 
 
 def discounted_returns(scores: Sequence[float], config: RewardConfig) -> np.ndarray:
@@ -86,13 +86,13 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], confi
 
 
 def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
-                   score_of: Callable[[Any], float] | None = None) -> None:
+                   score_of: Callable[[Turn], float] | None = None) -> None:
     """Fills score, return and advantage of every turn in place: each turn scored from its saved parse and verdict
     (the environment's turn_score, or `score_of(turn)`, e.g. compile-only runs), returns within each trajectory,
     advantages over all turn-samples of the same task."""
     returns, groups, turns = [], [], []
     for traj in trajectories:
-        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, config) for t in traj.turns]
+        scores = [score_of(t) if score_of else turn_score(t, config) for t in traj.turns]
         for t, s, r in zip(traj.turns, scores, discounted_returns(scores, config)):
             t.score, t.return_ = float(s), float(r)
             returns.append(r)
@@ -104,6 +104,6 @@ def assign_returns(trajectories: Sequence[Trajectory], config: RewardConfig,
 
 def rescore(trajectories: Sequence[Trajectory], config: RewardConfig) -> list[Trajectory]:
     """Copies of the trajectories, re-scored from their saved verdicts under `config` (no evaluator needed)."""
-    out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
+    out = [t.copy() for t in trajectories]
     assign_returns(out, config)
     return out
