@@ -214,38 +214,40 @@ class EpisodeRunner:
         played: list[Round] = []
         try:
             while ready or evaluations.in_flight:
-                sampled = False
+                progressed = False
                 # Overlapped: sample a ready round while other rounds are being evaluated. Sequential: only when no
                 # evaluation is out.
                 if ready and (self.env.overlap or not evaluations.in_flight):
                     rnd = ready.popleft()
                     rnd.timing.sample_start = clock()
-                    # 1. sample
+                    # 1. sample: one policy call for the group's live trajectories
                     generations = self.policy.generate([p.token_ids for p in rnd.prompts],
                                                        self.env.max_response_tokens,
                                                        round_seed(seed, step, rnd.index, rnd.group))
                     _check_count("policy.generate", len(generations), len(rnd.prompts))
-                    # 2. parse
+                    # 2. parse: the response text (the sampled tokens decoded), its thought, code and summary
                     texts = [self.decode(g.tokens) for g in generations]
                     parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars)
                               for text in texts]
                     rnd.answers = list(zip(generations, texts, parsed))
-                    # 3. submit
+                    # 3. submit: the answers (never the thoughts) to the evaluator, which compiles, checks and times
+                    # them while the loop goes on
                     requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
                                             request_id=request_prefix + _request_id(lv.traj, rnd.index),
                                             feedback=self.env.feedback)
                                 for lv, p in zip(rnd.live, parsed)]
                     rnd.timing.sample_end = clock()
                     evaluations.submit(requests, rnd.timing, owner=rnd)
-                    sampled = True
-                # Every round whose verdicts are in (waiting for one only when there was nothing to sample).
+                    progressed = True
+                # Every round whose verdicts are all in (waiting for one only when there was nothing to sample).
                 while True:
-                    done = evaluations.next_done(block=not sampled)
+                    done = evaluations.next_done(block=not progressed)
                     if done is None:
                         break
-                    sampled = True
+                    progressed = True
                     rnd = done.owner
-                    # 4. score, 5. carry
+                    # 4. score: each answer becomes a Turn of its trajectory, scored from its verdict;
+                    # 5. carry: its code, summary and feedback are the attempt that the next prompt shows
                     for lv, prompt, (generation, text, parse), verdict in zip(rnd.live, rnd.prompts, rnd.answers,
                                                                               done.verdicts):
                         turn = Turn(rnd.index, list(prompt.token_ids), list(generation.tokens),
@@ -257,11 +259,11 @@ class EpisodeRunner:
                         rnd.turns.append(turn)
                     played.append(rnd)
                     self._log_round(rnd, len(groups), request_prefix)
-                    # 6. stop
+                    # 6. stop: early stop; beam search prunes and copies trajectories here
                     going_on = [lv for lv, turn in zip(rnd.live, rnd.turns) if not self._stops(lv, turn)]
                     if after_round is not None:
                         going_on = after_round(going_on, rnd.index)
-                    # 7. render
+                    # 7. render: the group's next prompts (a history over the prompt budget ends its trajectory)
                     following = self._next_round(rnd, going_on, clock, request_prefix)
                     rnd.timing.scored = clock()
                     if following is not None:
