@@ -27,14 +27,14 @@ PROGRESS_EVERY_S = 30.0
 
 @dataclasses.dataclass
 class PartTiming:
-    """When one part's stages happened, in seconds from the start of the step's episode."""
+    """When the stages of one group's round (a "part" of the step) happened, in seconds from the episode's start."""
     group: int
     round: int
     requests: int = 0
     sample_start: float = 0.0   # the policy call (with decoding and parsing of its answers)
     sample_end: float = 0.0
     submitted: float = 0.0      # the answers handed to the evaluator
-    verdicts_in: float = 0.0    # the last verdict of the part arrived
+    verdicts_in: float = 0.0    # the last verdict of the round arrived
     scored: float = 0.0         # turns recorded, the group's next prompts rendered
     failures: int = 0           # requests whose evaluation failed (they got a failure verdict)
 
