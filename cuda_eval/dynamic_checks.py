@@ -329,6 +329,15 @@ ALLOC_KERNEL = re.compile(r"(?i)fill|copy|memset|memcpy|catarray|arange|zero")
 HEAVY_KERNEL = re.compile(r"(?i)gemm|cutlass|cublas|xmma|cudnn|conv(?!ert)|fft|flash|fmha|attention")
 
 
+_NOT_A_KERNEL = re.compile(r"^(Memcpy|Memset|cuda[A-Z])")   # copies, fills, runtime calls (cudaLaunchKernel ...)
+
+
+def is_kernel_record(name: str) -> bool:
+    """Whether a CUDA record of the trace is a kernel. Runtime calls are camel case (`cudaStreamSynchronize`), so
+    our own `cuda_eval_gate`, which opens every group's window, is kept."""
+    return not _NOT_A_KERNEL.match(name)
+
+
 @dataclasses.dataclass
 class GroupWindow:
     """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
@@ -363,7 +372,7 @@ class KernelSession:
             if "CUDA" not in str(ev.device_type()):
                 continue
             name = ev.name()
-            if name.startswith(("Memcpy", "Memset", "cuda")):
+            if not is_kernel_record(name):
                 continue
             start = ev.start_ns()
             records.append((start, start + ev.duration_ns(), name))
