@@ -123,7 +123,8 @@ def main() -> None:
         from kevin_jax.placement import GpuConfig, apply_gpu_placement
 
         config = launch_train._CONFIG.value
-        apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count())   # before JAX
+        apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count(),   # before JAX
+                            offload=config.optim.offload)
         KillAt(phase.value, step.value).install()
         launch_train.main(argv)
 
