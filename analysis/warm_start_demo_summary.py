@@ -22,7 +22,8 @@ per step.
     python analysis/warm_start_demo_summary.py workdirs/demo/multi_seed0 workdirs/demo/multi_seed1 \
         workdirs/demo/single_seed0 --out /tmp/demo_summary
 
-Reads <workdir>/trajectories/step_*.jsonl (Contract 4), so every number is recomputed from the verdicts themselves.
+Reads <workdir>/trajectories/step_*.jsonl (Contract 4, kevin_jax.env.trajectory: the one reader, and the Turn's own
+words for compiled, correct and speedup), so every number is recomputed from the verdicts themselves.
 """
 from __future__ import annotations
 
@@ -36,23 +37,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
+from kevin_jax.env.trajectory import Turn, read_trajectories  # noqa: E402
 from kevin_jax.rl.rollout_stats import TAIL_PROB, drew_tail_token, sampled_nll  # noqa: E402
 from kevin_jax.rl.speed_metrics import speed_metrics  # noqa: E402
 
 
-def load_turns(path: Path) -> list[dict]:
-    turns = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                traj = json.loads(line)
-                turns += [{**t, "task_id": traj.get("task_id")} for t in traj["turns"]]
-    return turns
-
-
-def is_correct(turn: dict) -> bool:
-    v = turn.get("verdict") or {}
-    return v.get("correct") is True and not v.get("hack_flags") and turn["parsed"].get("format_error") is None
+def load_turns(path: Path) -> list[tuple[str, Turn]]:
+    """Every turn of a step file, with its task id."""
+    trajectories, _ = read_trajectories(path)
+    return [(traj.task_id, t) for traj in trajectories for t in traj.turns]
 
 
 def fast_thresholds(measured: dict | None, min_ratio: float = 1.5) -> dict[str, float]:
@@ -67,51 +60,51 @@ def fast_thresholds(measured: dict | None, min_ratio: float = 1.5) -> dict[str, 
     return out
 
 
-def fast_variant_share(turns: list[dict], thresholds: dict[str, float], turn: int | None = None) -> float | None:
+def fast_variant_share(turns: list[tuple[str, Turn]], thresholds: dict[str, float],
+                       turn: int | None = None) -> float | None:
     """Among correct kernels of the tasks in `thresholds` (all turns, or one turn index): the share at or above their
     task's threshold, i.e. the fast variant (None without such a kernel)."""
-    ok = [t for t in turns
-          if t.get("task_id") in thresholds and is_correct(t) and (turn is None or t.get("turn") == turn)]
+    ok = [(task_id, t) for task_id, t in turns
+          if task_id in thresholds and t.correct and (turn is None or t.turn == turn)]
     if not ok:
         return None
-    return sum(((t.get("verdict") or {}).get("speedup") or 0.0) >= thresholds[t["task_id"]] for t in ok) / len(ok)
+    return sum((t.speedup or 0.0) >= thresholds[task_id] for task_id, t in ok) / len(ok)
 
 
 def step_stats(path: Path, thresholds: dict[str, float] | None = None) -> dict:
-    turns = load_turns(path)
-    verdicts = [t.get("verdict") or {} for t in turns]
-    correct = [t.get("verdict") for t in turns if is_correct(t)]
-    fast = [v for v in correct if (v.get("speedup") or 0.0) > 1.0]
+    with_tasks = load_turns(path)
+    turns = [t for _, t in with_tasks]
+    correct = [t for t in turns if t.correct]
+    fast = [t for t in correct if (t.speedup or 0.0) > 1.0]
     n = max(1, len(turns))
     # why answers never reached the compiler: a run with no compiled kernel is diagnosed from these (docs/LOG.md)
-    format_errors = Counter((t["parsed"].get("format_error") or "")[:80] for t in turns
-                            if t["parsed"].get("format_error") is not None)
+    format_errors = Counter((t.parsed.get("format_error") or "")[:80] for t in turns
+                            if t.parsed.get("format_error") is not None)
     per_turn = {}
-    for i in sorted({t.get("turn") for t in turns}):
-        at = [t for t in turns if t.get("turn") == i]
-        per_turn[str(i)] = {"correct_fraction": sum(map(is_correct, at)) / len(at),
-                            "format_ok_fraction": sum(t["parsed"].get("format_error") is None for t in at) / len(at),
-                            "advantage_mean": sum(t.get("advantage", 0.0) for t in at) / len(at),
-                            "sampled_nll": sum(sampled_nll(t["response_logprobs"]) for t in at) / len(at),
-                            "tail_token_fraction": sum(map(drew_tail_token, (t["response_logprobs"] for t in at)))
-                            / len(at)}
-    return {"kernels": len(turns), "score_mean": sum(t.get("score", 0.0) for t in turns) / n,
+    for i in sorted({t.turn for t in turns}):
+        at = [t for t in turns if t.turn == i]
+        per_turn[str(i)] = {"correct_fraction": sum(t.correct for t in at) / len(at),
+                            "format_ok_fraction": sum(t.well_formed for t in at) / len(at),
+                            "advantage_mean": sum(t.advantage for t in at) / len(at),
+                            "sampled_nll": sum(sampled_nll(t.response_logprobs) for t in at) / len(at),
+                            "tail_token_fraction": sum(drew_tail_token(t.response_logprobs) for t in at) / len(at)}
+    return {"kernels": len(turns), "score_mean": sum(t.score for t in turns) / n,
             "correct_fraction": len(correct) / n,
             "first_turn_correct_fraction": per_turn.get("0", {}).get("correct_fraction", 0.0),
-            "compiled_fraction": sum(v.get("compiled") is True for v in verdicts) / n,
+            "compiled_fraction": sum(t.compiled for t in turns) / n,
             "fast_share_of_correct": len(fast) / len(correct) if correct else None,
-            "format_ok_fraction": 1.0 - sum(format_errors.values()) / n,
+            "format_ok_fraction": sum(t.well_formed for t in turns) / n,
             "format_errors": dict(format_errors.most_common(5)),
-            "stop_reasons": dict(Counter(t.get("stop_reason") for t in turns)),
-            "response_tokens_mean": sum(len(t.get("response_tokens") or []) for t in turns) / n,
-            "per_turn": per_turn, "speed": {**speed_metrics(turns), **_fast_variant(turns, thresholds or {})}}
+            "stop_reasons": dict(Counter(t.stop_reason for t in turns)),
+            "response_tokens_mean": sum(len(t.response_tokens) for t in turns) / n,
+            "per_turn": per_turn, "speed": {**speed_metrics(turns), **_fast_variant(with_tasks, thresholds or {})}}
 
 
-def _fast_variant(turns: list[dict], thresholds: dict[str, float]) -> dict:
+def _fast_variant(turns: list[tuple[str, Turn]], thresholds: dict[str, float]) -> dict:
     if not thresholds:
         return {}
     out = {"fast_variant": fast_variant_share(turns, thresholds)}
-    for i in sorted({t.get("turn") for t in turns}):
+    for i in sorted({t.turn for _, t in turns}):
         out[f"turn{i}/fast_variant"] = fast_variant_share(turns, thresholds, i)
     return out
 
@@ -302,12 +295,11 @@ def write_samples(workdir: Path, out: Path, per_step: int = 3, chars: int = 2500
     files = [p for _, p in step_files(workdir)]
     lines = []
     for p in dict.fromkeys([files[0], files[-1]]):
-        for t in load_turns(p)[:per_step]:
-            v = t.get("verdict") or {}
-            lines += [f"===== {workdir.name} {p.stem} turn {t['turn']}: stop {t.get('stop_reason')}, "
-                      f"{len(t.get('response_tokens') or [])} tokens, format_error {t['parsed'].get('format_error')!r}, "
-                      f"compiled {v.get('compiled')}, correct {v.get('correct')}",
-                      t.get("response_text", "")[:chars], ""]
+        for _, t in load_turns(p)[:per_step]:
+            lines += [f"===== {workdir.name} {p.stem} turn {t.turn}: stop {t.stop_reason}, "
+                      f"{len(t.response_tokens)} tokens, format_error {t.parsed.get('format_error')!r}, "
+                      f"compiled {t.verdict.get('compiled')}, correct {t.verdict.get('correct')} ({t.status})",
+                      t.response_text[:chars], ""]
     (out / f"samples_{workdir.name}.txt").write_text("\n".join(lines))
 
 

@@ -23,10 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cuda_eval.api import EvalConfig, Evaluator  # noqa: E402
-from kevin_jax.env.episode import EnvConfig, EpisodeRunner, save_trajectories  # noqa: E402
+from kevin_jax.env.episode import EnvConfig, EpisodeRunner  # noqa: E402
 from kevin_jax.env.policy import Generation  # noqa: E402
 from kevin_jax.model.tokenizer import load_tokenizer  # noqa: E402
-from kevin_jax.env.reward import RewardConfig, counts_as_correct  # noqa: E402
+from kevin_jax.env.reward import RewardConfig  # noqa: E402
+from kevin_jax.env.trajectory import Turn, write_trajectories  # noqa: E402
 from kevin_jax.rl.advantages import AdvantageConfig, assign_returns  # noqa: E402
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks  # noqa: E402
 
@@ -58,7 +59,8 @@ class ScriptedSolutionsPolicy:
         return out
 
 
-def expectation_failures(kind: str, verdict: dict) -> list[str]:
+def expectation_failures(kind: str, turn: Turn) -> list[str]:
+    verdict = turn.verdict
     problems = []
     if not verdict["format_ok"]:
         problems.append(f"format error: {verdict['format_error']}")
@@ -68,7 +70,7 @@ def expectation_failures(kind: str, verdict: dict) -> list[str]:
         return problems  # compile_only: nothing ran, correctness is not checked
     if verdict["runtime_error"]:
         problems.append("runtime error")
-    if kind == "correct" and not counts_as_correct(verdict):
+    if kind == "correct" and not turn.correct:
         problems.append(f"expected correct, got correct={verdict['correct']} flags={verdict['hack_flags']}")
     if kind == "correct" and not verdict.get("speedup"):
         problems.append("no speedup")
@@ -116,7 +118,7 @@ def main() -> int:
         for turn in traj.turns:
             v = turn.verdict
             kind = PLAN[turn.turn]
-            problems = expectation_failures(kind, v)
+            problems = expectation_failures(kind, turn)
             failures += bool(problems)
             st = v.get("stage_times") or {}
             speedup = f"{v['speedup']:.2f}" if v.get("speedup") else "-"
@@ -143,7 +145,7 @@ def main() -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_trajectories(out.with_suffix(".trajectories.jsonl"), result.trajectories)
+    write_trajectories(out.with_suffix(".trajectories.jsonl"), result.trajectories)
     out.write_text(json.dumps({"failures": failures, "turns": rows, "evaluator_start_s": start_s,
                                "total_s": total_s, "rounds": [vars(r) for r in result.rounds]}, indent=1))
     return 1 if failures else 0

@@ -6,7 +6,7 @@
 
 Builds the config's starting policy (its warm start, or --warm-checkpoint: an HF checkpoint dir, e.g. launch/sft.py's
 output or the tests' warm tiny policy), then for each step 1..N draws the step's tasks as the trainer does and rolls
-them out with each runner variant (kevin_jax/env/scheduler.py):
+them out with each runner variant (the round loop of kevin_jax/env/episode.py):
   sequential   env.overlap=False, pipeline_groups=1: one policy call and one evaluation per round (the old runner)
   grouped      env.overlap=False, pipeline_groups=G: the overlapped runner's calls, one after the other
   overlapped   env.overlap=True,  pipeline_groups=G: a group evaluated while another samples
@@ -90,7 +90,7 @@ def warm_up(policy, runner, tasks, groups: int, max_new_tokens: int) -> float:
     t0 = time.perf_counter()
     first = [runner.renderer.first_turn(t.source).token_ids for t in tasks]
     n = runner.env.num_trajectories
-    from kevin_jax.env.scheduler import split_groups
+    from kevin_jax.env.submissions import split_groups
     sizes = sorted({len(tasks) * n} | {len(g) * n for g in split_groups(list(tasks), groups)})
     limit = runner.env.max_prompt_tokens
     for extra in (0, 700, 1500):        # refinement prompts: the first one and some of its tokens again
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
 
     from kevin_jax import multihost
     from kevin_jax.env.episode import EpisodeRunner
-    from kevin_jax.env.scheduler import share_gpus_with_evaluator
+    from kevin_jax.env.submissions import share_gpus_with_evaluator
     from kevin_jax.policy_init import run_tokenizer, starting_params
     from kevin_jax.rl.task_sampler import TaskSampler
     from kevin_jax.run_config import parse_config

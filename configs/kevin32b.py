@@ -34,8 +34,10 @@ env.max_response_tokens=8192 throughout; a departure from the recipe, logged at 
 published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
 free space at start): a 4-GPU node's 235 GB local disk holds none.
 
-What to expect: not measured yet at this scale (random-weight runs of the full-size code paths: docs/LOG.md,
-"Kevin-32B shapes on 4 x H100"). Plan of one full step, before measurement (512 samples of ~4k prompt + ~12k
+What to expect: measured so far on 4 x H100 with random weights (docs/LOG.md, "4 x H100: Kevin-32B at full size up to
+its first update"): load 16 s, the host state built in 265 s, decoding ~18.5 ms per token step at 4 live sequences
+(26% of the bandwidth roofline at that batch), 76.8 GiB per GPU in use; a full-size update not yet. Plan of one
+full step, before measurement (512 samples of ~4k prompt + ~12k
 response tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth
 roofline, weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200
 (decoding ~14 min, the updates ~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped

@@ -1,14 +1,14 @@
-"""What a run leaves behind and prints: TensorBoard scalars (without TensorFlow), metrics and trajectory JSONL,
-FLOP/MFU accounting and the console progress line.
+"""What a run leaves behind and prints: TensorBoard scalars (without TensorFlow), metrics JSONL, FLOP/MFU accounting
+and the console progress line.
 
     writer = MetricWriter(workdir, prefix="compile_only/" or "")   # process 0 writes, others no-op
     writer.restart(step)                  # on resume: TensorBoard drops points the killed run wrote at >= step
     writer.write(step, {"rollout/score_mean": 0.4, ...})
-    save_step_trajectories(workdir / "trajectories", step, trajectories)
 
 Files in the workdir: tensorboard/events.out.tfevents.* (TensorBoard), metrics.jsonl (one {"step", ...} object per
-step; after a resume a step may appear twice, the later line wins), trajectories/step_000001.jsonl (Contract 4, one
-file per step, replaced atomically, so a re-run step overwrites rather than duplicates).
+step; after a resume a step may appear twice, the later line wins); the trainer writes trajectories/step_000001.jsonl
+with kevin_jax.env.trajectory.write_trajectories (Contract 4, one file per step, replaced atomically, so a re-run step
+overwrites rather than duplicates).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -128,20 +128,6 @@ def read_metrics(workdir: str | os.PathLike) -> dict[int, dict[str, float]]:
             record = json.loads(line)
             out[int(record.pop("step"))] = record
     return out
-
-
-# ------------------------------------------------------------------------------------------------ trajectories
-def save_step_trajectories(directory: str | os.PathLike, step: int, trajectories: Iterable) -> Path:
-    """Contract-4 JSONL of one step, written to a temporary file and renamed (no partial or duplicated lines)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step_{step:06d}.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w") as f:
-        for traj in trajectories:
-            f.write(json.dumps(traj.to_dict() if hasattr(traj, "to_dict") else traj) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 # ------------------------------------------------------------------------------------------------ FLOPs and MFU

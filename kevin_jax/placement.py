@@ -91,13 +91,24 @@ def shared_gpus(jax_devices: Any, eval_devices: Any, num_gpus: int) -> list[int]
     return sorted(jax_set & eval_set)
 
 
+def host_memory_gib() -> int:
+    """This machine's physical memory in GiB (rounded down)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30
+
+
 def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int,
-                        environ: dict | None = None) -> dict[str, str]:
-    """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set."""
+                        environ: dict | None = None, offload: str = "none") -> dict[str, str]:
+    """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set.
+
+    offload: optim.offload. With the optimiser state in pinned host memory, XLA's pinned-host pool of each GPU
+    (XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB, 64 GiB by default) must hold that GPU's share of it (QwQ-32B on 4 GPUs:
+    98 GB each): it is capped at the machine's memory instead, which the state's own size check stays under."""
     environ = os.environ if environ is None else environ
     changes: dict[str, str] = {}
     if num_gpus == 0:
         return changes
+    if offload == "pinned_host":
+        changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(host_memory_gib())
     jax_list = parse_indices(config.jax_devices, "gpu.jax_devices")
     if jax_list is not None:
         bad = [i for i in jax_list if not 0 <= i < num_gpus]

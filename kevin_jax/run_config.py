@@ -4,11 +4,11 @@
 Every section is a plain dataclass owned by the component that reads it (SECTIONS), so `--config.<section>.<field>`
 reaches that component unchanged, and the dataclass defaults are the only defaults: configs/common.py starts from
 `default_config()` and adds only the recipe's departures. The sections of the run as a whole (where the policy comes
-from and its warm start, the tokenizer, checkpoints, held-out evaluation, debug switches) are defined here. Nothing
-here imports jax, so that the config files can be read before JAX starts (launch/train.py sets the GPU placement from
-the config first): the sections of the components that run on JAX live in jax-free modules beside them
-(model/config.py, rl/config.py, sampler/config.py, placement.py). Unknown sections or fields are errors that name
-them; a renamed field's error names its new name (RENAMED).
+from and its warm start, the tokenizer, checkpoints, held-out evaluation) are defined here. Nothing here imports jax,
+so that the config files can be read before JAX starts (launch/train.py sets the GPU placement from the config
+first): the sections of the components that run on JAX live in jax-free modules beside them (model/config.py,
+rl/config.py, sampler/config.py, placement.py). Unknown sections or fields are errors that name them; a renamed
+field's error names its new name (RENAMED).
 """
 from __future__ import annotations
 
@@ -150,28 +150,12 @@ class HoldoutConfig:
     num_trajectories: int = 4
 
 
-KILL_PHASES = ("", "sampling", "evaluation", "update", "checkpoint")
-
-
-@dataclasses.dataclass
-class DebugConfig:
-    """Debug switches (config section `debug`). kill_at_phase / kill_at_step: SIGKILL this process during that
-    phase of that step ("sampling": after the first sampler call; "evaluation": while the first evaluation batch is
-    in flight; "update": between the two optimiser updates; "checkpoint": while the checkpoint is being written)."""
-    kill_at_phase: str = ""
-    kill_at_step: int = -1
-
-    def __post_init__(self):
-        if self.kill_at_phase not in KILL_PHASES:
-            raise ValueError(f"debug.kill_at_phase must be one of {KILL_PHASES}, got {self.kill_at_phase!r}")
-
-
 SECTIONS: dict[str, tuple[type, ...]] = {
     "model": (ModelSource, ModelOptions), "tokenizer": (TokenizerConfig,), "tasks": (TasksConfig,),
     "env": (EnvConfig,), "reward": (RewardConfig,), "advantage": (AdvantageConfig,), "sampler": (SamplerConfig,),
     "eval": (EvalConfig,), "rl": (RLConfig,), "optim": (OptimConfig,), "mesh": (ParallelConfig,),
     "gpu": (GpuConfig,), "log": (logs.LogConfig,), "ckpt": (CheckpointConfig,), "holdout": (HoldoutConfig,),
-    "warm_start": (WarmStartConfig,), "debug": (DebugConfig,),
+    "warm_start": (WarmStartConfig,),
 }
 # The values outside the sections, with their defaults. response_schedule: "step:tokens,..." sets
 # env.max_response_tokens from that step on (Kevin: 16k, then 22k from step 30: configs/kevin32b.py).
@@ -252,7 +236,6 @@ class RunSpec:
     ckpt: CheckpointConfig
     holdout: HoldoutConfig
     warm_start: WarmStartConfig
-    debug: DebugConfig
     seed: int
     total_steps: int
     response_schedule: tuple[tuple[int, int], ...]

@@ -4,14 +4,15 @@
 
 Per step:
   1. draw the step's training tasks (a function of seed and step: kevin_jax.rl.task_sampler);
-  2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode): the tasks in
-     env.pipeline_groups groups, each round of a group one sampler call with the policy's own parameters and one
-     cuda_eval submission, one group's kernels compiled and run while another group samples
-     (kevin_jax.env.scheduler); each turn scored (kevin_jax.env.reward); discounted returns and per-task advantages
-     come from kevin_jax.rl.advantages;
+  2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode, the round
+     loop): the tasks in env.pipeline_groups groups, each round of a group one sampler call with the policy's own
+     parameters and one cuda_eval submission, one group's kernels compiled and run while another group samples;
+     each turn scored (kevin_jax.env.reward); discounted returns and per-task advantages come from
+     kevin_jax.rl.advantages;
   3. rl.updates_per_batch optimiser updates on the batch (the first on-policy, the next off-policy with importance
      ratios against the sampler's log-probs), gradients accumulated over micro-batches (kevin_jax.rl.state);
-  4. scalars to TensorBoard and metrics.jsonl, every trajectory to trajectories/step_XXXXXX.jsonl;
+  4. scalars to TensorBoard and metrics.jsonl (kevin_jax.rl.rollout_stats), every trajectory to
+     trajectories/step_XXXXXX.jsonl (kevin_jax.env.trajectory);
   5. orbax checkpoint on schedule (kevin_jax.checkpoint), held-out evaluation on schedule.
 
 With optim.offload="pinned_host" the float32 master weights and AdamW moments live in host memory and the GPUs hold
@@ -23,6 +24,7 @@ host RSS and its high-water mark, the node's used RAM).
 All randomness is a function of (seed, step, round), and a checkpoint holds parameters, optimiser state, the step,
 the task sampler's position and the split: a run killed at any point and restarted on the same workdir produces the
 steps an uninterrupted run would have (bit-exact on CPU; on GPUs up to the evaluator's timing noise).
+tests/kevin_jax/kill_at_phase.py kills a run at a named phase of a named step to show it.
 
 Without a GPU, kernels cannot run: the evaluator only compiles them ("compile_only"). That mode must be asked for
 (eval.mode="compile_only", as configs/tiny_cpu.py does); it scores a kernel that compiled with rl.compile_only_score
@@ -35,8 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,8 +48,9 @@ from flax import nnx
 from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import logs, multihost, parallel
-from kevin_jax.env.episode import EpisodeRunner, Trajectory, resolve_gpu_name
-from kevin_jax.env.scheduler import share_gpus_with_evaluator
+from kevin_jax.env.episode import EpisodeRunner, resolve_gpu_name
+from kevin_jax.env.submissions import share_gpus_with_evaluator
+from kevin_jax.env.trajectory import Trajectory, step_path, write_trajectories
 from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import advantages, rollout_stats, speed_metrics
@@ -57,7 +58,7 @@ from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl import offload as offload_lib
 from kevin_jax.rl import state as rl_state
 from kevin_jax.rl.task_sampler import TaskSampler
-from kevin_jax.run_config import DebugConfig, RunSpec, as_dict, parse_config
+from kevin_jax.run_config import RunSpec, as_dict, parse_config
 from kevin_jax.sampler import SamplerPolicy
 from kevin_jax.tasks import Split, load_tasks, resolve_split, select
 
@@ -71,46 +72,6 @@ NO_GPU_MESSAGE = (
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
-class KillSwitch:
-    """debug.kill_at_phase: SIGKILL at a named phase of a named step (exercises resume from a hard crash)."""
-
-    def __init__(self, debug: DebugConfig):
-        self.debug = debug
-        self.step = 0
-
-    def __call__(self, phase: str) -> None:
-        if self.debug.kill_at_phase == phase and self.step == self.debug.kill_at_step:
-            log.warning("debug: SIGKILL during %s of step %d", phase, self.step)
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _KillingPolicy:
-    def __init__(self, policy, kill: KillSwitch):
-        self.policy, self.kill = policy, kill
-
-    def generate(self, prompts, max_new_tokens, seed):
-        out = self.policy.generate(prompts, max_new_tokens, seed)
-        self.kill("sampling")
-        return out
-
-
-class _KillingEvaluator:
-    def __init__(self, evaluator, kill: KillSwitch):
-        self.evaluator, self.kill = evaluator, kill
-
-    def evaluate(self, requests):
-        if hasattr(self.evaluator, "submit"):
-            futures = self.evaluator.submit(requests)
-            self.kill("evaluation")
-            return [f.result() for f in futures]
-        results = self.evaluator.evaluate(requests)
-        self.kill("evaluation")
-        return results
-
-
 def make_evaluator(spec: RunSpec):
     """The real evaluator (cuda_eval), refusing to pretend: no GPU and no explicit compile-only request = NoGpuError."""
     require_gpu_for_kernels(spec.eval, visible_gpu_count(), NO_GPU_MESSAGE)
@@ -118,7 +79,7 @@ def make_evaluator(spec: RunSpec):
 
 
 def _phase_times(result) -> dict[str, float]:
-    """The episode's times (kevin_jax.env.scheduler.StepTiming): the policy busy, the wall time with an evaluation
+    """The episode's times (kevin_jax.env.submissions.StepTiming): the policy busy, the wall time with an evaluation
     outstanding, the episode's wall time, and its ratio to the larger of the two (1 = fully overlapped)."""
     t = result.timing
     return {"sampling": t.sampling_s, "evaluation": t.evaluation_s, "episode": t.wall_s,
@@ -179,7 +140,6 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         raise ValueError(f"rl.tasks_per_step={spec.rl.tasks_per_step} must be a multiple of the number of hosts "
                          f"({jax.process_count()}): each host rolls out its share of the tasks")
     workdir.mkdir(parents=True, exist_ok=True)
-    kill = KillSwitch(spec.debug)
 
     with contextlib.ExitStack() as stack:
         if evaluator is None:
@@ -260,12 +220,10 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         policy = SamplerPolicy(model, spec.sampler, tokenizer=tokenizer, mesh=local_mesh)
         share_gpus_with_evaluator(policy, evaluator, shared_gpus(spec.gpu.jax_devices, spec.eval.devices,
                                                                  visible_gpu_count()))
-        env_policy = _KillingPolicy(policy, kill) if spec.debug.kill_at_phase else policy
-        env_evaluator = _KillingEvaluator(evaluator, kill) if spec.debug.kill_at_phase else evaluator
         # the card the kernels run on, named in every prompt (env.gpu_name="auto"; a name overrides it)
         env = dataclasses.replace(spec.env, gpu_name=resolve_gpu_name(spec.env.gpu_name, spec.eval, evaluator))
         log.info("%sprompts name the GPU %r", tag, env.gpu_name)
-        runner = EpisodeRunner(env_policy, env_evaluator, tokenizer, env, spec.reward)
+        runner = EpisodeRunner(policy, evaluator, tokenizer, env, spec.reward)
         temperature = spec.sampler.temperature
         updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature, offload=host_offload,
                                    grad_dtype=rl_state.GRAD_DTYPES[spec.optim.grad_dtype])
@@ -292,7 +250,6 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         last_save_logged = None
 
         for step in range(start_step, spec.total_steps + 1):
-            kill.step = step
             t_step = time.perf_counter()
             values: dict[str, float] = dict(first_values) if step == start_step else {}
 
@@ -303,11 +260,10 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             t0 = time.perf_counter()
             trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage, proxy_score)
             rollout_s = time.perf_counter() - t0
+            # correctness, scores, returns, advantages, lengths; the speed of correct kernels (rollout/speed/...)
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
                                                          spec.log.thought_prefix).items()})
-            # speed of the correct kernels: mean speedup, fast_1, fast_1.5, per turn (rollout/speed/...)
-            values.update({f"rollout/{k}": v for k, v in speed_metrics.speed_scalars(trajectories).items()})
             values.update({k.replace("mem/", "mem/after_sampling/"): v
                            for k, v in logs.memory_scalars(local_devices).items() if k.startswith("mem/hbm_peak")})
             if values.get("rollout/timing_contended_rate", 0.0) > 0.0:
@@ -346,7 +302,6 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                     for mb, lp in zip(batches, trainer_logprobs):
                         mb["trainer_old_logprobs"] = lp
                 values.update({f"update{u}/{k}": v for k, v in stats.items()})
-                kill("update")
             update_s = time.perf_counter() - t0
             del batches
 
@@ -376,7 +331,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 "batch/max_response_tokens": float(runner.env.max_response_tokens),
             })
             if is_main and spec.log.trajectories:
-                logs.save_step_trajectories(workdir / "trajectories", step, trajectories)
+                write_trajectories(step_path(workdir / "trajectories", step), trajectories)
 
             # 5. checkpoint, held-out evaluation
             t0 = time.perf_counter()
@@ -387,7 +342,6 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                         "task_sampler": sampler_tasks.state(step), "split": split.to_dict(),
                         "compile_only": compile_only}
                 checkpointer.save(step, saved_view(state), meta)
-                kill("checkpoint")
             values["time/checkpoint"] = time.perf_counter() - t0
             values["time/step"] = time.perf_counter() - t_step
             values.update(logs.memory_scalars(local_devices))
@@ -422,7 +376,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 scalars["time/holdout"] = time.perf_counter() - t0
                 writer.write(step, scalars)
                 if is_main and spec.log.trajectories:
-                    logs.save_step_trajectories(workdir / "holdout", step, held)
+                    write_trajectories(step_path(workdir / "holdout", step), held)
                 log.info("%sheld-out after step %d: score %.3f on %d tasks", tag, step,
                          scalars.get("holdout/score_mean", 0.0), len(holdout_tasks))
                 last.update(scalars)

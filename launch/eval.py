@@ -104,11 +104,10 @@ def _run_profiles(config, options, names):
 
 def _write_profile_report(out_dir):
     """--profile: each task's best kernel, kernel by kernel, from the saved verdicts (meta.kernel_profile)."""
-    import json
-
     from cuda_eval.profile.kernel_profile import best_kernel_report
-    with open(os.path.join(out_dir, "trajectories.jsonl")) as f:
-        text = best_kernel_report(json.loads(line) for line in f if line.strip())
+    from kevin_jax.env.trajectory import read_trajectories
+    trajectories, _ = read_trajectories(os.path.join(out_dir, "trajectories.jsonl"))
+    text = best_kernel_report(t.to_dict() for t in trajectories)
     text = "Per-kernel profile of each task's best kernel (GPU time per forward)\n\n" + text + "\n"
     with open(os.path.join(out_dir, "kernel_profiles.txt"), "w") as f:
         f.write(text)

@@ -113,8 +113,9 @@ for stage in $STAGES; do
         --config.ckpt.max_to_keep=1"
       lim=$(limit resume 1200)
       T=$SECONDS
-      timeout "$lim" $PY launch/train.py --config=configs/kevin32b.py --workdir="$WORK/depth8" $RESUME \
-        --config.debug.kill_at_phase=checkpoint --config.debug.kill_at_step=2 > "$OUT/resume_A.log" 2>&1
+      # run A: launch/train.py's own main, SIGKILLed while step 2's checkpoint is being written
+      timeout "$lim" $PY tests/kevin_jax/kill_at_phase.py --kill_at_phase=checkpoint --kill_at_step=2 \
+        --config=configs/kevin32b.py --workdir="$WORK/depth8" $RESUME > "$OUT/resume_A.log" 2>&1
       note "resume, run A: rc=$? (137 = SIGKILLed as asked) in $((SECONDS - T)) s"
       cp "$WORK/depth8/trajectories/step_000002.jsonl" "$WORK/step2_killed.jsonl" 2>/dev/null
       T=$SECONDS

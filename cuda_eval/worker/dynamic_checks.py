@@ -18,6 +18,7 @@ import builtins
 import dataclasses
 import importlib
 import os
+import re
 import sys
 import threading
 import time
@@ -168,6 +169,15 @@ OWN_GATES = (device_kernels.GATE_KERNEL,)
 OWN_DIGESTS = device_kernels.DIGEST_KERNELS
 
 
+_NOT_A_KERNEL = re.compile(r"^(Memcpy|Memset|cuda[A-Z])")   # copies, fills, runtime calls (cudaLaunchKernel ...)
+
+
+def is_kernel_record(name: str) -> bool:
+    """Whether a CUDA record of the trace is a kernel. Runtime calls are camel case (`cudaStreamSynchronize`), so
+    our own `cuda_eval_gate`, which opens every group's window, is kept."""
+    return not _NOT_A_KERNEL.match(name)
+
+
 @dataclasses.dataclass
 class GroupWindow:
     """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
@@ -202,7 +212,7 @@ class KernelSession:
             if "CUDA" not in str(ev.device_type()):
                 continue
             name = ev.name()
-            if name.startswith(("Memcpy", "Memset", "cuda")):
+            if not is_kernel_record(name):
                 continue
             start = ev.start_ns()
             records.append((start, start + ev.duration_ns(), name))

@@ -1,35 +1,45 @@
-"""The batched multi-turn environment: tasks x trajectories x turns, played as pipelined parts.
+"""The rollout: tasks x trajectories x turns, and every candidate kernel followed from its prompt to its reward.
 
-Round t (t = 0 .. num_turns-1), for every live trajectory:
-  prompt (first turn, or refinement with the earlier attempts: code + own summary + feedback, never thoughts)
-  -> policy.generate (one call per pipeline group) -> decode + parse -> cuda_eval (one submission per group)
-  -> verdict, score (kevin_jax.env.reward); the attempt is carried into the next prompt.
-The step's tasks are split into env.pipeline_groups groups; a group's round is a *part*, and kevin_jax.env.scheduler
-runs the parts: with env.overlap, one group's answers are compiled and run while another group's next turn is
-generated. The trajectories depend on (seed, step, pipeline_groups), never on the overlap or on the order in which
-verdicts arrive. The runner returns scored turns; their returns and advantages are the update's
-(kevin_jax.rl.advantages).
+Read `EpisodeRunner.play` top to bottom. The step's tasks are split into env.pipeline_groups groups (a task's
+trajectories stay together); a group's round is one policy call and one evaluation:
 
-Trajectories are plain data (Contract 4 in docs/ARCHITECTURE.md), saved as JSONL, loaded back, or re-evaluated
-(`reevaluate`). Early stop (`EnvConfig.early_stop`) is off by default, as in Kevin.
+  1. sample   one policy call for the group's live trajectories, seeded by (seed, step, round, group)
+  2. parse    each answer decoded (the sampled tokens, kept as they are) and split into thought, code and summary
+  3. submit   the answers (the text outside the thought) to cuda_eval, which compiles, checks and times them
+              asynchronously (kevin_jax.env.submissions: a future per request)
+  -- when the round's verdicts are all in --
+  4. score    each answer becomes a Turn of its trajectory with its verdict and score (kevin_jax.env.reward)
+  5. carry    its code, its summary and the evaluator's feedback are the attempt the next prompt shows
+  6. stop     early stop (env.early_stop); beam search prunes and copies trajectories here
+  7. render   the group's next prompts (earlier attempts, never thoughts); a history that cannot fit the prompt
+              budget ends its trajectory
+
+With env.overlap (the default), the loop samples whichever group's round is ready while other groups' kernels are
+evaluated, and waits for verdicts only when nothing is ready; env.overlap=False awaits each evaluation before the next
+policy call. A group's prompts, seeds and request ids depend only on its own history, so the trajectories are a
+function of (seed, step, pipeline_groups), never of the overlap or of the order in which verdicts arrive; only the
+times differ. The runner returns scored turns; their returns and advantages are the update's
+(kevin_jax.rl.advantages). Trajectories are plain data (kevin_jax.env.trajectory, Contract 4). Early stop is off
+by default, as in Kevin. `reevaluate` replays saved responses through the evaluator.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
-import json
 import logging
 import time
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from cuda_eval.api import FEEDBACK_MODES, EvalConfig, EvalRequest, target_gpu_name
 from kevin_jax.env.parse import parse_response
-from kevin_jax.env.policy import Policy
+from kevin_jax.env.policy import Generation, Policy
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
-from kevin_jax.env.reward import RewardConfig, counts_as_correct, turn_score
-from kevin_jax.env.scheduler import Part, Scheduler, StepTiming, split_groups
+from kevin_jax.env.reward import RewardConfig, turn_score
+from kevin_jax.env.submissions import (Evaluations, PartTiming, StepTiming, interval_union, split_groups,
+                                       verdict_dict)
+from kevin_jax.env.trajectory import STATUSES, Trajectory, Turn
 from kevin_jax.tasks.kernelbench import Task
 
 log = logging.getLogger(__name__)
@@ -53,6 +63,10 @@ class EnvConfig:
     max_summary_chars: cap on the model's summary carried into later prompts.
     feedback: the evaluator's text after a correct kernel: "kevin" (time and speedup) or "profile" (also a short
       profile of its kernels and the reference's: cuda_eval, EvalRequest.feedback).
+    overlap: one pipeline group samples while another's kernels are evaluated (EpisodeRunner.play); False awaits each
+      evaluation before the next sampler call: the same trajectories, slower.
+    pipeline_groups: the step's tasks split into this many groups, each round of a group one sampler call and one
+      evaluator submission; the trajectories are a function of it (see the module docstring).
     """
     num_turns: int = 4
     num_trajectories: int = 16
@@ -89,67 +103,21 @@ def resolve_gpu_name(configured: str, eval_config: EvalConfig, evaluator: Any = 
 
 class Evaluator(Protocol):
     """What the runner needs of cuda_eval.api.Evaluator: `evaluate`, and `submit` (a future per request) where it
-    has it (without, kevin_jax.env.scheduler calls `evaluate` on a background thread)."""
+    has it (without, kevin_jax.env.submissions calls `evaluate` on a background thread)."""
     def evaluate(self, requests: Sequence[EvalRequest]) -> list[Any]: ...
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Plain data (Contract 4)
-
-@dataclasses.dataclass
-class Turn:
-    turn: int
-    prompt_tokens: list[int]
-    response_tokens: list[int]
-    response_logprobs: list[float]
-    stop_reason: str
-    response_text: str
-    parsed: dict                # ParsedResponse.to_dict()
-    verdict: dict               # EvalResult.to_dict()
-    score: float = 0.0          # kevin_jax.env.reward.turn_score
-    return_: float = 0.0        # "return" in the JSON; return_ and advantage: kevin_jax.rl.advantages (0 until then)
-    advantage: float = 0.0
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["return"] = d.pop("return_")
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "Turn":
-        d = dict(d)
-        d["return_"] = d.pop("return")
-        return cls(**d)
-
-
-@dataclasses.dataclass
-class Trajectory:
-    task_id: str
-    traj_index: int
-    step: int
-    seed: int
-    turns: list[Turn] = dataclasses.field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {"task_id": self.task_id, "traj_index": self.traj_index, "step": self.step, "seed": self.seed,
-                "turns": [t.to_dict() for t in self.turns]}
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "Trajectory":
-        return cls(d["task_id"], d["traj_index"], d["step"], d["seed"], [Turn.from_dict(t) for t in d["turns"]])
 
 
 @dataclasses.dataclass
 class RoundStats:
-    """One round over its pipeline groups (sums of their parts' times; in the overlapped runner the parts of a round
-    overlap each other and other rounds, so total_s may be less than generate_s + evaluate_s)."""
+    """One round over its pipeline groups (sums of their times; overlapped, the groups' rounds overlap each other
+    and other rounds, so total_s may be less than generate_s + evaluate_s)."""
     round: int
     live: int                   # trajectories that took part in this round
     prompt_tokens_mean: float
     response_tokens_mean: float
     render_s: float
     generate_s: float           # policy calls (with decoding and parsing)
-    evaluate_s: float           # from each part's submission to its last verdict
+    evaluate_s: float           # from each group's submission to its last verdict
     total_s: float              # from the round's first prompt rendering to its last scoring
 
 
@@ -161,72 +129,37 @@ class EpisodeResult:
 
 
 @dataclasses.dataclass
-class PlayedRound:
-    """What one round did: the new turn of each live trajectory (in their order), and its time."""
-    turns: list[Turn]
-    generate_s: float           # the policy call, decoding and parsing
-    evaluate_s: float           # the evaluator call
-
-    def stats(self, round_index: int, render_s: float, total_s: float) -> RoundStats:
-        return RoundStats(round_index, len(self.turns), float(np.mean([len(t.prompt_tokens) for t in self.turns])),
-                          float(np.mean([len(t.response_tokens) for t in self.turns])), render_s, self.generate_s,
-                          self.evaluate_s, total_s)
+class Live:
+    """A trajectory being played, with what its next prompt needs."""
+    traj: Trajectory
+    task: Task
+    attempts: list[Attempt] = dataclasses.field(default_factory=list)
+    best_score: float = 0.0
+    had_correct: bool = False
+    over_budget: bool = False   # its history no longer fits the prompt budget: it plays no more rounds
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Replays
+@dataclasses.dataclass(eq=False)
+class Round:
+    """One pipeline group's round: its live trajectories and their prompts, then their answers and scored turns."""
+    group: int
+    index: int                  # the round, i.e. the turn index of the turns it adds
+    live: list[Live]
+    prompts: list[RenderedPrompt]
+    render_start: float         # when its prompts began to be rendered (s from the episode's start)
+    render_s: float
+    answers: list[tuple[Generation, str, Any]] = dataclasses.field(default_factory=list)   # (sampled, text, parsed)
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    timing: PartTiming = dataclasses.field(init=False)
 
-def reevaluate(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: Mapping[str, Task],
-               config: RewardConfig, max_summary_chars: int = 2000) -> list[Trajectory]:
-    """Copies of the trajectories with every turn's response re-parsed, re-evaluated (one evaluate call for all) and
-    re-scored; returns and advantages are reset to 0 (kevin_jax.rl.advantages assigns them). The responses stay as
-    generated (later prompts are not rebuilt)."""
-    out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
-    unknown = sorted({t.task_id for t in out} - set(tasks))
-    if unknown:
-        raise ValueError(f"trajectories refer to {len(unknown)} unknown task(s), e.g. {unknown[:5]}")
-    requests, turns = [], []
-    for traj in out:
-        for turn in traj.turns:
-            # The saved parse says whether the prompt had opened a thought: it has a thought although the response
-            # may hold no <think> tag only in that case.
-            opened = turn.parsed.get("thought") is not None and "<think>" not in turn.response_text
-            parsed = parse_response(turn.response_text, opened, max_summary_chars)
-            turn.parsed = parsed.to_dict()
-            requests.append(EvalRequest(task_id=traj.task_id, task_source=tasks[traj.task_id].source,
-                                        response=parsed.answer, request_id=_request_id(traj, turn.turn)))
-            turns.append(turn)
-    results = evaluator.evaluate(requests) if requests else []
-    _check_count("evaluator", len(results), len(requests))
-    for turn, result in zip(turns, results):
-        turn.verdict = result.to_dict()
-        turn.score = turn_score(turn.parsed, turn.verdict, config)
-        turn.return_ = turn.advantage = 0.0
-    return out
+    def __post_init__(self):
+        self.timing = PartTiming(self.group, self.index)
 
 
-def save_trajectories(path: str | Path, trajectories: Iterable[Trajectory], append: bool = False) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a" if append else "w") as f:
-        for traj in trajectories:
-            f.write(json.dumps(traj.to_dict()) + "\n")
+# After a group's round is scored: (the trajectories that go on, the round index) -> the trajectories that play the
+# next round (beam search prunes and copies here).
+AfterRound = Callable[[list[Live], int], list[Live]]
 
-
-def load_trajectories(path: str | Path) -> list[Trajectory]:
-    out = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Trajectory.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: not a trajectory record ({type(e).__name__}: {e})") from e
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The runner
 
 def round_seed(seed: int, step: int, round_index: int, group: int = 0) -> int:
     """The sampling seed of one policy call: a function of (seed, step, round, pipeline group) only, so that a resumed
@@ -242,39 +175,6 @@ def _request_id(traj: Trajectory, turn: int) -> str:
 def _check_count(what: str, got: int, expected: int) -> None:
     if got != expected:
         raise RuntimeError(f"{what} returned {got} results for {expected} inputs")
-
-
-@dataclasses.dataclass
-class _Live:
-    """A trajectory still running, with what its next prompt needs."""
-    traj: Trajectory
-    task: Task
-    attempts: list[Attempt] = dataclasses.field(default_factory=list)
-    best_score: float = 0.0
-    had_correct: bool = False
-
-
-@dataclasses.dataclass
-class SampledRound:
-    """One policy call's answers for some live trajectories, parsed, with their evaluation requests (no verdict yet)."""
-    live: list[Any]
-    prompts: list[RenderedPrompt]
-    round_index: int
-    generations: list[Any]
-    texts: list[str]
-    parsed: list[Any]
-    requests: list[EvalRequest]
-
-
-@dataclasses.dataclass
-class _PartState:
-    """A pipeline group's round, as the environment sees it (kevin_jax.env.scheduler.Part.state)."""
-    live: list[_Live]
-    prompts: list[RenderedPrompt]
-    render_start: float         # when its prompts began to be rendered (s from the episode's start)
-    render_s: float
-    sampled: SampledRound | None = None
-    turns: list[Turn] = dataclasses.field(default_factory=list)
 
 
 class EpisodeRunner:
@@ -305,137 +205,162 @@ class EpisodeRunner:
 
     def run(self, tasks: Sequence[Task], step: int = 0, seed: int = 0) -> EpisodeResult:
         """Every trajectory of every task for env.num_turns turns (fewer where early stop or the prompt budget ends
-        it), in pipeline groups run by kevin_jax.env.scheduler. Trajectories come back in (task, index) order."""
+        it), the tasks in env.pipeline_groups groups. Trajectories come back in (task, index) order."""
         if not tasks:
             raise ValueError("no tasks to run")
         start = time.perf_counter()
         first_prompts = {t.task_id: self.renderer.first_turn(t.source) for t in tasks}  # raises if over budget
         render_s = time.perf_counter() - start
-        groups = split_groups(list(tasks), self.env.pipeline_groups)
-        trajectories, parts, played = [], [], []
-        for g, group_tasks in enumerate(groups):
-            live = [_Live(Trajectory(task.task_id, j, step, seed), task)
-                    for task in group_tasks for j in range(self.env.num_trajectories)]
-            trajectories += [lv.traj for lv in live]
-            parts.append(Part(g, 0, _PartState(live, [first_prompts[lv.task.task_id] for lv in live], 0.0,
-                                               render_s if g == 0 else 0.0)))
+        groups = [[Live(Trajectory(task.task_id, j, step, seed), task)
+                   for task in group_tasks for j in range(self.env.num_trajectories)]
+                  for group_tasks in split_groups(list(tasks), self.env.pipeline_groups)]
+        return self.play(groups, first_prompts, step, seed, start=start, render_s=render_s)
 
-        def sample(part: Part) -> list[EvalRequest]:
-            state = part.state
-            state.sampled = self.sample(state.live, state.prompts, part.round, step, seed, group=part.group)
-            return state.sampled.requests
+    def play(self, groups: Sequence[list[Live]], first_prompts: Mapping[str, RenderedPrompt], step: int, seed: int,
+             *, start: float | None = None, render_s: float = 0.0, request_prefix: str = "",
+             after_round: AfterRound | None = None) -> EpisodeResult:
+        """The round loop (steps 1-7 of the module docstring) for these groups of live trajectories, from their
+        first prompts. `after_round` may change which trajectories play a group's next round (beam search);
+        `request_prefix` starts every request id. Times count from `start` (a time.perf_counter() value)."""
+        start = time.perf_counter() if start is None else start
 
-        def score(part: Part) -> Part | None:
-            state = part.state
-            state.turns = self.record(state.sampled, part.verdicts)
-            played.append(part)
-            next_live = []
-            for lv, turn in zip(state.live, state.turns):
-                if not self._stops(lv, turn, turn.verdict):
-                    next_live.append(lv)
-                lv.best_score = max(lv.best_score, turn.score)
-            where = f" (group {part.group + 1}/{len(groups)})" if len(groups) > 1 else ""
-            log.info("round %d%s: %d live, generate %.1fs, evaluate %.1fs, %d correct", part.round, where,
-                     len(state.live), part.timing.sample_s, part.timing.evaluate_s,
-                     sum(counts_as_correct(t.verdict) for t in state.turns))
-            if part.round + 1 >= self.env.num_turns or not next_live:
-                return None
-            t0 = time.perf_counter()
-            live, prompts = self._prompts(next_live, part.round + 1, first_prompts)
-            if not live:
-                return None
-            return Part(part.group, part.round + 1, _PartState(live, prompts, t0 - start, time.perf_counter() - t0))
+        def clock() -> float:
+            return time.perf_counter() - start
 
-        scheduler = Scheduler(self.evaluator, self.env.overlap, getattr(self.evaluator, "mode", "full"))
-        timing = scheduler.run(parts, sample, score, groups=len(groups), start=start)
-        log.info("episode of step %d (%s, %d group%s): sampling %.1fs busy, evaluation %.1fs wall, episode %.1fs "
-                 "wall = %.2f x max(sampling, evaluation)", step, "overlapped" if self.env.overlap else "sequential",
-                 len(groups), "s" if len(groups) > 1 else "", timing.sampling_s, timing.evaluation_s, timing.wall_s,
-                 timing.wall_over_max)
-        return EpisodeResult(trajectories, _round_stats(played), timing)
+        evaluations = Evaluations(self.evaluator, getattr(self.evaluator, "mode", "full"), clock)
+        ready = collections.deque(Round(g, 0, list(live), [first_prompts[lv.task.task_id] for lv in live], 0.0,
+                                        render_s if g == 0 else 0.0) for g, live in enumerate(groups))
+        played: list[Round] = []
+        try:
+            while ready or evaluations.in_flight:
+                progressed = False
+                # Overlapped: sample a ready round while other rounds are being evaluated. Sequential: only when no
+                # evaluation is out.
+                if ready and (self.env.overlap or not evaluations.in_flight):
+                    rnd = ready.popleft()
+                    rnd.timing.sample_start = clock()
+                    # 1. sample: one policy call for the group's live trajectories
+                    generations = self.policy.generate([p.token_ids for p in rnd.prompts],
+                                                       self.env.max_response_tokens,
+                                                       round_seed(seed, step, rnd.index, rnd.group))
+                    _check_count("policy.generate", len(generations), len(rnd.prompts))
+                    # 2. parse: the response text (the sampled tokens decoded), its thought, code and summary
+                    texts = [self.decode(g.tokens) for g in generations]
+                    parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars)
+                              for text in texts]
+                    rnd.answers = list(zip(generations, texts, parsed))
+                    # 3. submit: the answers (never the thoughts) to the evaluator, which compiles, checks and times
+                    # them while the loop goes on
+                    requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
+                                            request_id=request_prefix + _request_id(lv.traj, rnd.index),
+                                            feedback=self.env.feedback)
+                                for lv, p in zip(rnd.live, parsed)]
+                    rnd.timing.sample_end = clock()
+                    evaluations.submit(requests, rnd.timing, owner=rnd)
+                    progressed = True
+                # Every round whose verdicts are all in (waiting for one only when there was nothing to sample).
+                while True:
+                    done = evaluations.next_done(block=not progressed)
+                    if done is None:
+                        break
+                    progressed = True
+                    rnd = done.owner
+                    # 4. score: each answer becomes a Turn of its trajectory, scored from its verdict;
+                    # 5. carry: its code, summary and feedback are the attempt that the next prompt shows
+                    for lv, prompt, (generation, text, parse), verdict in zip(rnd.live, rnd.prompts, rnd.answers,
+                                                                              done.verdicts):
+                        turn = Turn(rnd.index, list(prompt.token_ids), list(generation.tokens),
+                                    [float(x) for x in generation.logprobs], generation.stop_reason, text,
+                                    parse.to_dict(), dict(verdict))
+                        turn.score = turn_score(turn, self.reward)
+                        lv.traj.turns.append(turn)
+                        lv.attempts.append(Attempt(parse.code, parse.summary, turn.feedback))
+                        rnd.turns.append(turn)
+                    played.append(rnd)
+                    self._log_round(rnd, len(groups), request_prefix)
+                    # 6. stop: early stop; beam search prunes and copies trajectories here
+                    going_on = [lv for lv, turn in zip(rnd.live, rnd.turns) if not self._stops(lv, turn)]
+                    if after_round is not None:
+                        going_on = after_round(going_on, rnd.index)
+                    # 7. render: the group's next prompts (a history over the prompt budget ends its trajectory)
+                    following = self._next_round(rnd, going_on, clock, request_prefix)
+                    rnd.timing.scored = clock()
+                    if following is not None:
+                        ready.append(following)
+        finally:
+            evaluations.close()
+        timing = _step_timing([r.timing for r in played], clock(), self.env.overlap, len(groups))
+        log.info("%sepisode of step %d (%s, %d group%s): sampling %.1fs busy, evaluation %.1fs wall, episode %.1fs "
+                 "wall = %.2f x max(sampling, evaluation)", request_prefix, step,
+                 "overlapped" if self.env.overlap else "sequential", len(groups), "s" if len(groups) > 1 else "",
+                 timing.sampling_s, timing.evaluation_s, timing.wall_s, timing.wall_over_max)
+        return EpisodeResult([lv.traj for live in groups for lv in live], _round_stats(played), timing)
 
-    def sample(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int, seed: int,
-               group: int = 0, request_prefix: str = "") -> SampledRound:
-        """One policy call for the live trajectories (anything with .traj and .task) and their prompts; the answers
-        decoded and parsed, and their evaluation requests."""
-        generations = self.policy.generate([p.token_ids for p in prompts], self.env.max_response_tokens,
-                                           round_seed(seed, step, round_index, group))
-        _check_count("policy.generate", len(generations), len(prompts))
-        texts = [self.decode(g.tokens) for g in generations]
-        parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
-        requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
-                                request_id=request_prefix + _request_id(lv.traj, round_index),
-                                feedback=self.env.feedback)
-                    for lv, p in zip(live, parsed)]
-        return SampledRound(list(live), list(prompts), round_index, generations, texts, parsed, requests)
-
-    def record(self, sampled: SampledRound, verdicts: Sequence[Mapping]) -> list[Turn]:
-        """The scored turns of sampled answers given their verdicts (dicts, in order): each trajectory gets its turn
-        appended, and its attempt (code, summary, feedback) appended to the attempts its next prompt shows."""
-        turns = []
-        for lv, prompt, gen, text, p, verdict in zip(sampled.live, sampled.prompts, sampled.generations,
-                                                     sampled.texts, sampled.parsed, verdicts):
-            turn = Turn(sampled.round_index, list(prompt.token_ids), list(gen.tokens),
-                        [float(x) for x in gen.logprobs], gen.stop_reason, text, p.to_dict(), dict(verdict))
-            turn.score = turn_score(turn.parsed, turn.verdict, self.reward)
-            lv.traj.turns.append(turn)
-            lv.attempts.append(Attempt(p.code, p.summary, str(verdict.get("feedback") or "")))
-            turns.append(turn)
-        return turns
-
-    def play_round(self, live: Sequence[Any], prompts: Sequence[RenderedPrompt], round_index: int, step: int,
-                   seed: int, request_prefix: str = "") -> PlayedRound:
-        """One round for the live trajectories (anything with .traj, .task and .attempts) and their prompts, all at
-        once: one policy call, decode and parse, one blocking evaluator call (beam search plays its rounds so)."""
-        t0 = time.perf_counter()
-        sampled = self.sample(live, prompts, round_index, step, seed, request_prefix=request_prefix)
-        t1 = time.perf_counter()
-        verdicts = [v.to_dict() if hasattr(v, "to_dict") else dict(v)
-                    for v in self.evaluator.evaluate(sampled.requests)]
-        _check_count("evaluator.evaluate", len(verdicts), len(sampled.requests))
-        t2 = time.perf_counter()
-        return PlayedRound(self.record(sampled, verdicts), t1 - t0, t2 - t1)
-
-    def _prompts(self, live: list[_Live], round_index: int,
-                 first_prompts: Mapping[str, RenderedPrompt]) -> tuple[list[_Live], list[RenderedPrompt]]:
-        """The prompts of this round, and the trajectories that get one: a history that cannot fit the budget even
-        with only its latest attempt ends the trajectory."""
-        if round_index == 0:
-            return live, [first_prompts[lv.task.task_id] for lv in live]
-        kept, prompts = [], []
-        for lv in live:
-            try:
-                prompts.append(self.renderer.refinement(lv.task.source, lv.attempts))
-                kept.append(lv)
-            except PromptTooLongError as e:
-                log.warning("%s stops before turn %d: %s", _request_id(lv.traj, round_index), round_index, e)
-        return kept, prompts
-
-    def _stops(self, lv: _Live, turn: Turn, verdict: Mapping) -> bool:
+    def _stops(self, lv: Live, turn: Turn) -> bool:
+        """Early stop (env.early_stop) after this turn; updates the trajectory's best score and correct kernel."""
         mode = self.env.early_stop
-        correct = turn.parsed.get("format_error") is None and counts_as_correct(verdict)
         stop = False
         if mode == "first_correct":
-            stop = correct
+            stop = turn.correct
         elif mode == "no_improvement":
             stop = lv.had_correct and turn.score <= lv.best_score
-        lv.had_correct = lv.had_correct or correct
+        lv.had_correct = lv.had_correct or turn.correct
+        lv.best_score = max(lv.best_score, turn.score)
         return stop
 
+    def _next_round(self, rnd: Round, going_on: list[Live], clock: Callable[[], float],
+                    request_prefix: str) -> Round | None:
+        """The group's next round: refinement prompts for the trajectories that go on; a history that cannot fit
+        the budget even with only its latest attempt ends its trajectory."""
+        index = rnd.index + 1
+        if index >= self.env.num_turns or not going_on:
+            return None
+        render_start = clock()
+        live, prompts = [], []
+        for lv in going_on:
+            try:
+                prompts.append(self.renderer.refinement(lv.task.source, lv.attempts))
+                live.append(lv)
+            except PromptTooLongError as e:
+                lv.over_budget = True
+                log.warning("%s stops before turn %d: %s", request_prefix + _request_id(lv.traj, index), index, e)
+        if not live:
+            return None
+        return Round(rnd.group, index, live, prompts, render_start, clock() - render_start)
 
-def _round_stats(parts: Sequence[Part]) -> list[RoundStats]:
-    """Per round, over its parts (the groups that played it): live trajectories, mean prompt and response tokens,
-    summed render, policy-call (generate_s) and evaluation-wait (evaluate_s) times, and total_s from the first
-    render to the last scoring (in the overlapped runner, rounds of different groups overlap)."""
+    def _log_round(self, rnd: Round, groups: int, request_prefix: str) -> None:
+        where = f" (group {rnd.group + 1}/{groups})" if groups > 1 else ""
+        counts = collections.Counter(t.status for t in rnd.turns)
+        log.info("%sround %d%s: %d live, generate %.1fs, evaluate %.1fs; %s", request_prefix, rnd.index, where,
+                 len(rnd.live), rnd.timing.sample_s, rnd.timing.evaluate_s,
+                 ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s]))
+
+
+def _step_timing(parts: list[PartTiming], wall_s: float, overlap: bool, groups: int) -> StepTiming:
+    """The episode's times; an evaluator that failed every request of the step is an error (nothing to learn)."""
+    total = sum(p.requests for p in parts)
+    failures = sum(p.failures for p in parts)
+    if total and failures == total:
+        raise RuntimeError(f"the evaluator failed on all {total} requests of the step (see the errors above); "
+                           "no verdict to learn from")
+    return StepTiming(wall_s=wall_s, sampling_s=sum(p.sample_s for p in parts),
+                      evaluation_s=interval_union((p.submitted, p.verdicts_in) for p in parts),
+                      overlap=overlap, groups=groups, parts=parts)
+
+
+def _round_stats(rounds: Sequence[Round]) -> list[RoundStats]:
+    """Per round index, over its groups: live trajectories, mean prompt and response tokens, summed render,
+    policy-call (generate_s) and evaluation-wait (evaluate_s) times, and total_s from the first render to the last
+    scoring (overlapped, rounds of different groups overlap)."""
     out = []
-    for r in sorted({p.round for p in parts}):
-        mine = [p for p in parts if p.round == r]
-        turns = [t for p in mine for t in p.state.turns]
+    for r in sorted({rnd.index for rnd in rounds}):
+        mine = [rnd for rnd in rounds if rnd.index == r]
+        turns = [t for rnd in mine for t in rnd.turns]
         out.append(RoundStats(
             r, len(turns), float(np.mean([len(t.prompt_tokens) for t in turns])),
-            float(np.mean([len(t.response_tokens) for t in turns])), sum(p.state.render_s for p in mine),
-            sum(p.timing.sample_s for p in mine), sum(p.timing.evaluate_s for p in mine),
-            max(p.timing.scored for p in mine) - min(p.state.render_start for p in mine)))
+            float(np.mean([len(t.response_tokens) for t in turns])), sum(rnd.render_s for rnd in mine),
+            sum(rnd.timing.sample_s for rnd in mine), sum(rnd.timing.evaluate_s for rnd in mine),
+            max(rnd.timing.scored for rnd in mine) - min(rnd.render_start for rnd in mine)))
     return out
 
 
@@ -444,3 +369,35 @@ def _end_token_ids(tokenizer: Any) -> set[int]:
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     ids.update(vocab.get(tok) for tok in ("<|im_end|>", "<|endoftext|>"))
     return {i for i in ids if isinstance(i, int)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Replays
+
+def reevaluate(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: Mapping[str, Task],
+               config: RewardConfig, max_summary_chars: int = 2000) -> list[Trajectory]:
+    """Copies of the trajectories with every turn's response re-parsed, re-evaluated (one evaluate call for all) and
+    re-scored; returns and advantages are reset to 0 (kevin_jax.rl.advantages assigns them). The responses stay as
+    generated (later prompts are not rebuilt)."""
+    out = [t.copy() for t in trajectories]
+    unknown = sorted({t.task_id for t in out} - set(tasks))
+    if unknown:
+        raise ValueError(f"trajectories refer to {len(unknown)} unknown task(s), e.g. {unknown[:5]}")
+    requests, turns = [], []
+    for traj in out:
+        for turn in traj.turns:
+            # The saved parse says whether the prompt had opened a thought: it has a thought although the response
+            # may hold no <think> tag only in that case.
+            opened = turn.parsed.get("thought") is not None and "<think>" not in turn.response_text
+            parsed = parse_response(turn.response_text, opened, max_summary_chars)
+            turn.parsed = parsed.to_dict()
+            requests.append(EvalRequest(task_id=traj.task_id, task_source=tasks[traj.task_id].source,
+                                        response=parsed.answer, request_id=_request_id(traj, turn.turn)))
+            turns.append(turn)
+    results = evaluator.evaluate(requests) if requests else []
+    _check_count("evaluator", len(results), len(requests))
+    for turn, result in zip(turns, results):
+        turn.verdict = verdict_dict(result)
+        turn.score = turn_score(turn, config)
+        turn.return_ = turn.advantage = 0.0
+    return out

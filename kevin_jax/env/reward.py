@@ -4,15 +4,15 @@
   failure (seen by our parse or by the evaluator) or any hack flag (a flagged kernel is not correct, whatever the
   trials said).
 The environment scores every turn it plays; returns (configured here too: gamma, return_aggregation) and advantages
-(the `advantage` section) are RL's: kevin_jax.rl.advantages. Pure Python on plain data: verdicts are
-`EvalResult.to_dict()` dicts (or anything with the same attributes), so saved trajectories can be re-scored without
-the evaluator.
+(the `advantage` section) are RL's: kevin_jax.rl.advantages. Pure Python on plain data (kevin_jax.env.trajectory.Turn,
+whose properties say what "correct" and "speedup" are), so saved trajectories can be re-scored without the evaluator.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+
+from kevin_jax.env.trajectory import Turn
 
 SPEEDUP_TRANSFORMS = ("identity", "log", "clip")
 RETURN_AGGREGATIONS = ("sum", "max", "single_turn")
@@ -50,18 +50,6 @@ class RewardConfig:
             raise ValueError(f"reward.speedup_clip must be positive, got {self.speedup_clip}")
 
 
-def _get(verdict: Any, key: str, default=None):
-    if isinstance(verdict, Mapping):
-        return verdict.get(key, default)
-    return getattr(verdict, key, default)
-
-
-def counts_as_correct(verdict: Any) -> bool:
-    """Correct, well formed and with no hack flag."""
-    return (_get(verdict, "correct") is True and _get(verdict, "format_ok", True) is True
-            and not _get(verdict, "hack_flags"))
-
-
 def transform_speedup(speedup: float | None, config: RewardConfig) -> float:
     """f(speedup); a missing or non-finite speedup contributes 0 (correctness is still credited)."""
     if speedup is None or not math.isfinite(speedup) or speedup <= 0:
@@ -73,14 +61,9 @@ def transform_speedup(speedup: float | None, config: RewardConfig) -> float:
     return float(speedup)
 
 
-def kernel_score(verdict: Any, config: RewardConfig) -> float:
-    if not counts_as_correct(verdict):
+def turn_score(turn: Turn, config: RewardConfig) -> float:
+    """S of one turn: w + f(speedup) for a correct kernel (Turn.correct: well formed on both sides, correct, no hack
+    flag), else 0."""
+    if not turn.correct:
         return 0.0
-    return config.correct_weight + transform_speedup(_get(verdict, "speedup"), config)
-
-
-def turn_score(parsed: Mapping, verdict: Mapping, config: RewardConfig) -> float:
-    """0 for a format failure seen by either side (our parse or the evaluator), else the kernel score."""
-    if parsed.get("format_error") is not None:
-        return 0.0
-    return kernel_score(verdict, config)
+    return config.correct_weight + transform_speedup(turn.speedup, config)

@@ -3,23 +3,22 @@ block of turns keep the `beam_width` whose fastest correct kernel so far is fast
 and continue refining from the copies (sampling makes them diverge). Same kernel budget as N parallel trajectories
 x T turns; the best kernel of the search is the best of the final beams (the best trajectory is always kept).
 
-The rounds are the environment's (kevin_jax.env.episode.EpisodeRunner.play_round): same prompts, parse, one policy call
-and one evaluator call per round for every live trajectory, same scores. Ranking uses the evaluation's own definitions
-(metrics.kernel_outcome): a trajectory with a correct (compile-only: compiled) kernel beats one without; among
-those, the faster best kernel wins; ties are broken by a seeded random order.
+The rounds are the environment's own loop (kevin_jax.env.episode.EpisodeRunner.play, all tasks in one group: one
+policy call and one evaluation per round for every live trajectory, the same prompts, parse and scores); the pruning
+is its `after_round` step. Ranking uses the turn's own words (kevin_jax.env.trajectory.Turn.ok and .speedup): a
+trajectory with a correct (compile-only: compiled) kernel beats one without; among those, the faster best kernel
+wins; ties are broken by a seeded random order.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import Any, Sequence
 
 import numpy as np
 
-from kevin_jax.env.episode import EpisodeRunner, RoundStats, Trajectory, round_seed
-from kevin_jax.env.prompts import Attempt, PromptTooLongError
-from kevin_jax.evaluation.metrics import kernel_outcome
+from kevin_jax.env.episode import EpisodeRunner, Live, RoundStats, round_seed
+from kevin_jax.env.trajectory import Trajectory
 from kevin_jax.tasks.kernelbench import Task
 
 log = logging.getLogger(__name__)
@@ -44,17 +43,13 @@ class BeamConfig:
 
 
 @dataclasses.dataclass
-class _Beam:
-    traj: Trajectory
-    task: Task
-    attempts: list[Attempt]
-    origin: int                 # index of the first-round trajectory this one descends from
-    stopped: bool = False       # its history no longer fits the prompt budget
+class _Beam(Live):
+    origin: int = 0             # index of the first-round trajectory this one descends from
 
     def clone(self, index: int) -> "_Beam":
-        copy = Trajectory.from_dict(self.traj.to_dict())
+        copy = self.traj.copy()
         copy.traj_index = index
-        return _Beam(copy, self.task, list(self.attempts), self.origin, self.stopped)
+        return _Beam(copy, self.task, list(self.attempts), over_budget=self.over_budget, origin=self.origin)
 
 
 @dataclasses.dataclass
@@ -75,51 +70,34 @@ class BeamSearch:
         self.mode = mode
 
     def rank_key(self, beam: _Beam) -> tuple[bool, float]:
-        outcomes = [kernel_outcome(t.parsed, t.verdict, self.mode) for t in beam.traj.turns]
-        oks = [o for o in outcomes if o.ok]
-        return bool(oks), max((o.speedups.get("eager") or 0.0 for o in oks), default=0.0)
+        oks = [t for t in beam.traj.turns if t.ok(self.mode)]
+        return bool(oks), max((t.speedup or 0.0 for t in oks), default=0.0)
 
     def run(self, tasks: Sequence[Task], step: int = 0, seed: int = 0) -> BeamResult:
         if not tasks:
             raise ValueError("no tasks to run")
         r, env = self.runner, self.runner.env
         first = {t.task_id: r.renderer.first_turn(t.source) for t in tasks}
-        beams = {t.task_id: [_Beam(Trajectory(t.task_id, j, step, seed), t, [], j)
+        beams = {t.task_id: [_Beam(Trajectory(t.task_id, j, step, seed), t, origin=j)
                              for j in range(env.num_trajectories)] for t in tasks}
         pruned: list[Trajectory] = []
         selections: list[dict] = []
-        rounds: list[RoundStats] = []
-        for round_index in range(env.num_turns):
-            t0 = time.perf_counter()
-            live, prompts = [], []
-            for task in tasks:
-                for beam in beams[task.task_id]:
-                    if beam.stopped:
-                        continue
-                    try:
-                        prompts.append(first[task.task_id] if round_index == 0 else
-                                       r.renderer.refinement(task.source, beam.attempts))
-                        live.append(beam)
-                    except PromptTooLongError as e:
-                        beam.stopped = True
-                        log.warning("beam %s #%d stops before turn %d: %s", task.task_id, beam.traj.traj_index,
-                                    round_index, e)
-            if not live:
-                break
-            t1 = time.perf_counter()
-            played = r.play_round(live, prompts, round_index, step, seed, request_prefix="beam/")
+
+        def prune(going_on: list[Live], round_index: int) -> list[Live]:
+            """After every block of turns: each task's best beam_width trajectories, copied; the rest dropped."""
             done = round_index + 1
             if done % self.config.block_turns == 0 and done < env.num_turns:
                 rng = np.random.default_rng(round_seed(seed, step, 1000 + round_index))
                 for task in tasks:
                     beams[task.task_id], dropped, record = self._prune(beams[task.task_id], rng)
-                    pruned += dropped
+                    pruned.extend(dropped)
                     selections.append({"task_id": task.task_id, "after_turns": done, **record})
-            rounds.append(played.stats(round_index, t1 - t0, time.perf_counter() - t0))
-            log.info("beam round %d: %d live, generate %.1fs, evaluate %.1fs", round_index, len(live),
-                     played.generate_s, played.evaluate_s)
+            return [b for task in tasks for b in beams[task.task_id] if not b.over_budget]
+
+        group = [b for task in tasks for b in beams[task.task_id]]
+        played = r.play([group], first, step, seed, request_prefix="beam/", after_round=prune)
         final = [b.traj for task in tasks for b in beams[task.task_id]]
-        return BeamResult(final, pruned, selections, rounds)
+        return BeamResult(final, pruned, selections, played.rounds)
 
     def _prune(self, group: list[_Beam], rng: np.random.Generator) -> tuple[list[_Beam], list[Trajectory], dict]:
         order = rng.permutation(len(group))          # random tie-break

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cuda_eval.api import EvalRequest
-from kevin_jax.env.episode import Trajectory, Turn
 from kevin_jax.env.parse import parse_response
 from kevin_jax.env.prompts import first_turn_text
-from kevin_jax.evaluation.records import InputReport, RecordError, check_known_tasks, read_jsonl
 from kevin_jax.env.reward import RewardConfig
+from kevin_jax.env.submissions import verdict_dict
+from kevin_jax.env.trajectory import InputReport, RecordError, Trajectory, Turn, read_jsonl
 from kevin_jax.rl.advantages import AdvantageConfig, assign_returns
-from kevin_jax.tasks.kernelbench import Task
+from kevin_jax.tasks.kernelbench import Task, check_known_tasks
 
 KNOWN_KEYS = {"task_id", "task", "turn", "response", "trajectory", "traj_index", "model", "stop_reason"}
 
@@ -133,7 +133,7 @@ def evaluate_external(responses: Sequence[ExternalResponse], tasks: Mapping[str,
     if len(results) != len(requests):
         raise RuntimeError(f"the evaluator returned {len(results)} results for {len(requests)} requests")
     for turn, result in zip(turns, results):
-        turn.verdict = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+        turn.verdict = verdict_dict(result)
     assign_returns(trajectories, reward, advantage)
     return trajectories
 

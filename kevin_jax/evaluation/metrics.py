@@ -1,9 +1,9 @@
 """Kevin's evaluation metrics over multi-turn trajectories, and the unbiased best@k estimator (Chen et al. 2021).
 
 Definitions (Kevin, arXiv 2507.11948):
-- A kernel is correct when it is well formed, correct and carries no hack flag (`env.reward.counts_as_correct`).
-  Where nothing ran (compile-only verdicts) the only thing known is whether it compiled: the metric is then called
-  "compiled" and there is no performance.
+- A kernel is correct when it is well formed, correct and carries no hack flag (kevin_jax.env.trajectory.Turn.correct).
+  Where nothing ran (compile-only verdicts) the only thing known is whether it compiled (Turn.ok("compile_only")):
+  the metric is then called "compiled" and there is no performance.
 - A trajectory after t turns (its first t kernels) is correct if any of them is; its performance is the speedup of its
   fastest correct kernel (0 if none); it is fast_p if one of its correct kernels has speedup >= p (p in 1, 1.5, 2).
 - Over k parallel trajectories of a task: best@k is the max and avg@k the mean of those values. With n > k samples,
@@ -16,8 +16,8 @@ Definitions (Kevin, arXiv 2507.11948):
   torch.compile(reference) (EvalConfig.ref_compile: meta.ref_compile_timing), against it ("compile"). A task whose
   correct kernels lack a torch.compile timing is left out of the "compile" numbers (counted in `tasks_excluded`).
 
-Everything here is numpy on plain data (Contract-4 trajectories or their dicts), so saved trajectories can be
-re-scored without a model or an evaluator.
+Everything here is numpy on plain data (Contract-4 trajectories: kevin_jax.env.trajectory), so saved trajectories can
+be re-scored without a model or an evaluator.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from kevin_jax.env.reward import counts_as_correct
+from kevin_jax.env.trajectory import Trajectory, Turn
 
 FAST_P = (1.0, 1.5, 2.0)
 BASELINES = ("eager", "compile")
@@ -73,45 +73,16 @@ class KernelOutcome:
     speedups: Mapping[str, float | None]
 
 
-def _get(obj: Any, key: str, default=None):
-    if isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def compile_speedup(verdict: Mapping) -> float | None:
-    """Speedup over torch.compile(reference): its median time over the candidate's, when both were measured."""
-    ref = (_get(verdict, "meta") or {}).get("ref_compile_timing")
-    timing = _get(verdict, "timing")
-    if not isinstance(ref, Mapping) or not isinstance(timing, Mapping):
-        return None
-    ref_ms, cand_ms = ref.get("median_ms"), timing.get("median_ms")
-    if not ref_ms or not cand_ms or not math.isfinite(ref_ms) or not math.isfinite(cand_ms):
-        return None
-    return float(ref_ms) / float(cand_ms)
-
-
-def _finite_or_none(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) and x > 0 else None
-
-
-def kernel_outcome(parsed: Mapping, verdict: Mapping, mode: str) -> KernelOutcome:
-    """A turn's kernel: ok = correct (full) or compiled (compile_only), well formed on both sides and unflagged."""
-    well_formed = parsed.get("format_error") is None
-    if mode == "compile_only":
-        ok = (well_formed and _get(verdict, "format_ok", True) is True and _get(verdict, "compiled") is True
-              and not _get(verdict, "hack_flags"))
-        return KernelOutcome(ok, {"eager": None, "compile": None})
-    ok = well_formed and counts_as_correct(verdict)
-    if not ok:
-        return KernelOutcome(False, {"eager": None, "compile": None})
-    return KernelOutcome(True, {"eager": _finite_or_none(_get(verdict, "speedup")),
-                                "compile": compile_speedup(verdict)})
+def kernel_outcome(turn: Turn, mode: str) -> KernelOutcome:
+    """A turn's kernel in an evaluation of this mode: ok = Turn.ok(mode); speeds only for an ok kernel of "full"."""
+    if mode == "compile_only" or not turn.ok(mode):
+        return KernelOutcome(turn.ok(mode), {"eager": None, "compile": None})
+    return KernelOutcome(True, {"eager": turn.speedup, "compile": turn.compile_speedup})
 
 
 def infer_mode(verdicts: Iterable[Mapping]) -> str:
     """"compile_only" when every verdict says so, else "full" (a mix is an error: the numbers would mean nothing)."""
-    modes = {_get(v, "mode") for v in verdicts} - {None}
+    modes = {v.get("mode") for v in verdicts} - {None}
     if len(modes) > 1:
         raise ValueError(f"verdicts come from different evaluator modes {sorted(modes)}: re-evaluate them together")
     mode = modes.pop() if modes else "full"
@@ -141,25 +112,20 @@ class TaskKernels:
         return max((len(k) for k in self.kernels), default=0)
 
 
-def _field(obj: Any, name: str):
-    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
-
-
-def collect(trajectories: Sequence[Any], mode: str | None = None) -> tuple[list[TaskKernels], str]:
-    """Groups trajectories (Trajectory objects or their dicts) by task, in first-seen task order. Returns the tasks
-    and the mode (given, or inferred from the verdicts)."""
+def collect(trajectories: Sequence[Trajectory], mode: str | None = None) -> tuple[list[TaskKernels], str]:
+    """Groups trajectories by task, in first-seen task order. Returns the tasks and the mode (given, or inferred
+    from the verdicts)."""
     if mode is None:
-        mode = infer_mode(_field(t, "verdict") for tr in trajectories for t in _field(tr, "turns"))
+        mode = infer_mode(t.verdict for tr in trajectories for t in tr.turns)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     by_task: dict[str, list[list[KernelOutcome | None]]] = {}
     for traj in trajectories:
-        turns = _field(traj, "turns")
-        length = max((int(_field(t, "turn")) for t in turns), default=-1) + 1
+        length = max((t.turn for t in traj.turns), default=-1) + 1
         row: list[KernelOutcome | None] = [None] * length
-        for t in turns:
-            row[int(_field(t, "turn"))] = kernel_outcome(_field(t, "parsed"), _field(t, "verdict"), mode)
-        by_task.setdefault(_field(traj, "task_id"), []).append(row)
+        for t in traj.turns:
+            row[t.turn] = kernel_outcome(t, mode)
+        by_task.setdefault(traj.task_id, []).append(row)
     return [TaskKernels(task_id, rows) for task_id, rows in by_task.items()], mode
 
 
@@ -265,7 +231,7 @@ def kernel_rates_by_turn(tasks: Sequence[TaskKernels], mode: str) -> list[dict[s
     return out
 
 
-def compute_metrics(trajectories: Sequence[Any], *, ks: Sequence[int] | None = None,
+def compute_metrics(trajectories: Sequence[Trajectory], *, ks: Sequence[int] | None = None,
                     budgets: Sequence[int] | None = None, mode: str | None = None,
                     fast_p: Sequence[float] = FAST_P, parallel_samples: bool = True) -> dict[str, Any]:
     """Every number of an evaluation, as plain data (JSON-ready).

@@ -22,15 +22,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cuda_eval.api import EvalConfig, Evaluator, visible_gpu_count
 from kevin_jax.env import episode
-from kevin_jax.env.scheduler import share_gpus_with_evaluator
+from kevin_jax.env.submissions import share_gpus_with_evaluator
+from kevin_jax.env.trajectory import InputReport, Trajectory, read_trajectories, write_trajectories
 from kevin_jax.evaluation import external as external_lib
 from kevin_jax.evaluation import metrics as metrics_lib
-from kevin_jax.evaluation import records, report
+from kevin_jax.evaluation import report
 from kevin_jax.evaluation.beam import BeamConfig, BeamSearch, beam_summary
 from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
 from kevin_jax.rl import advantages
 from kevin_jax.run_config import RunSpec, as_dict, parse_config
-from kevin_jax.tasks import Split, Task, load_split, load_tasks, resolve_split, select
+from kevin_jax.tasks import Split, Task, check_known_tasks, load_split, load_tasks, resolve_split, select
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class EvalOutcome:
 def pick_tasks(all_tasks: Sequence[Task], options: EvalOptions, split: Split | None) -> list[Task]:
     by_id = {t.task_id: t for t in all_tasks}
     if options.tasks:
-        records.check_known_tasks(options.tasks, by_id, "--tasks")
+        check_known_tasks(options.tasks, by_id, "--tasks")
         chosen = [by_id[i] for i in dict.fromkeys(options.tasks)]
     else:
         chosen = select(all_tasks, split, options.part)
@@ -249,7 +250,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
     out_dir = Path(options.out_dir).absolute()
     if evaluator is None and not options.rescore:
         check_can_evaluate(spec.eval)     # before loading a policy for nothing
-    input_report: records.InputReport | None = None
+    input_report: InputReport | None = None
     meta: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
                             "source_kind": options.source, "options": dataclasses.asdict(options)}
     with contextlib.ExitStack() as stack:
@@ -261,15 +262,15 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
 
         beam, dependent = None, False     # dependent: beam-search trajectories, not independent samples
         if options.rescore:
-            trajectories, input_report = records.load_trajectories(options.rescore)
-            records.check_known_tasks({t.task_id for t in trajectories}, by_id, options.rescore)
+            trajectories, input_report = read_trajectories(options.rescore, one_evaluation=True)
+            check_known_tasks({t.task_id for t in trajectories}, by_id, options.rescore)
             trajectories = advantages.rescore(trajectories, spec.reward, spec.advantage)
             meta.update(source=f"saved verdicts of {options.rescore}", step=trajectories[0].step)
             mode = None
             dependent = is_beam_search(trajectories)
         elif options.reevaluate:
-            trajectories, input_report = records.load_trajectories(options.reevaluate)
-            records.check_known_tasks({t.task_id for t in trajectories}, by_id, options.reevaluate)
+            trajectories, input_report = read_trajectories(options.reevaluate, one_evaluation=True)
+            check_known_tasks({t.task_id for t in trajectories}, by_id, options.reevaluate)
             dependent = is_beam_search(trajectories)
             t0 = time.perf_counter()
             trajectories = episode.reevaluate(trajectories, evaluator_or_default(), by_id, spec.reward,
@@ -302,7 +303,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
     return write_outputs(out_dir, metrics, trajectories, meta, input_report, beam, options.title or _title(meta))
 
 
-def is_beam_search(trajectories: Sequence[episode.Trajectory]) -> bool:
+def is_beam_search(trajectories: Sequence[Trajectory]) -> bool:
     """Trajectories written by a beam search (their request ids say so): not independent samples."""
     return any(str(t.verdict.get("request_id", "")).startswith("beam/") for tr in trajectories for t in tr.turns)
 
@@ -314,22 +315,19 @@ def _title(meta: Mapping[str, Any]) -> str:
     return str(meta.get("source"))
 
 
-def write_outputs(out_dir: Path, metrics: dict, trajectories: Sequence[episode.Trajectory], meta: dict,
-                  input_report: records.InputReport | None, beam: Any, title: str) -> EvalOutcome:
+def write_outputs(out_dir: Path, metrics: dict, trajectories: Sequence[Trajectory], meta: dict,
+                  input_report: InputReport | None, beam: Any, title: str) -> EvalOutcome:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"trajectories": out_dir / "trajectories.jsonl", "metrics": out_dir / "metrics.json",
              "table": out_dir / "table.txt", "tensorboard": out_dir / "tensorboard"}
-    tmp = out_dir / "trajectories.jsonl.tmp"
-    episode.save_trajectories(tmp, trajectories)
-    tmp.replace(files["trajectories"])
+    write_trajectories(files["trajectories"], trajectories)
     payload = {"title": title, "meta": meta, "input": input_report.to_dict() if input_report else None,
                "metrics": metrics}
     if beam is not None:
         payload["beam"] = beam_summary(beam)
         files["beam"] = report.write_json(out_dir / "beam.json", {"selections": beam.selections,
                                                                   **beam_summary(beam)})
-        files["beam_pruned"] = out_dir / "beam_pruned.jsonl"
-        episode.save_trajectories(files["beam_pruned"], beam.pruned)
+        files["beam_pruned"] = write_trajectories(out_dir / "beam_pruned.jsonl", beam.pruned)
     for path in report.plot_all(metrics, out_dir, title):
         files[path.stem] = path
     report.write_tensorboard(files["tensorboard"], int(meta.get("step") or 0), report.scalars(metrics))

@@ -132,7 +132,7 @@ NAMED_CONFIGS: dict[str, Qwen2Config] = {
 }
 # QwQ-32B's layers at an eighth of its depth (8 of 64 layers, 5.47B parameters): the full-size code paths (layer and
 # vocabulary shapes, sharding, the offloaded optimiser state, checkpoints) where a node's disk or RAM cannot hold a
-# full-depth checkpoint (device/plans/kevin32b_x4.sh: the kill-and-resume check on 4 x H100).
+# full-depth checkpoint (runs/kevin32b.sh, the resume stage: the kill-and-resume check on 4 x H100).
 NAMED_CONFIGS["qwq_32b_depth8"] = NAMED_CONFIGS["qwq_32b"].replace(num_hidden_layers=8)
 
 

@@ -17,12 +17,12 @@ Pure numpy on plain data, so saved trajectories can be re-scored without the eva
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from kevin_jax.env.episode import Trajectory
 from kevin_jax.env.reward import RewardConfig, turn_score
+from kevin_jax.env.trajectory import Trajectory, Turn
 
 BASELINES = ("mean", "leave_one_out", "turn_mean")
 
@@ -108,13 +108,13 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], confi
 
 
 def assign_returns(trajectories: Sequence[Trajectory], reward: RewardConfig, advantage: AdvantageConfig,
-                   score_of: Callable[[Any], float] | None = None) -> None:
+                   score_of: Callable[[Turn], float] | None = None) -> None:
     """Fills score, return and advantage of every turn in place: each turn scored from its saved parse and verdict
     (the environment's turn_score, or `score_of(turn)`, e.g. compile-only runs), returns within each trajectory,
     advantages over all turn-samples of the same task."""
     returns, groups, turns = [], [], []
     for traj in trajectories:
-        scores = [score_of(t) if score_of else turn_score(t.parsed, t.verdict, reward) for t in traj.turns]
+        scores = [score_of(t) if score_of else turn_score(t, reward) for t in traj.turns]
         for t, s, r in zip(traj.turns, scores, discounted_returns(scores, reward)):
             t.score, t.return_ = float(s), float(r)
             returns.append(r)
@@ -127,6 +127,6 @@ def assign_returns(trajectories: Sequence[Trajectory], reward: RewardConfig, adv
 def rescore(trajectories: Sequence[Trajectory], reward: RewardConfig,
             advantage: AdvantageConfig) -> list[Trajectory]:
     """Copies of the trajectories, re-scored from their saved verdicts under these sections (no evaluator needed)."""
-    out = [Trajectory.from_dict(t.to_dict()) for t in trajectories]
+    out = [t.copy() for t in trajectories]
     assign_returns(out, reward, advantage)
     return out

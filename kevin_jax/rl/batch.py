@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from kevin_jax.env.trajectory import Trajectory
 from kevin_jax.rl.loss import RLConfig, aggregation_weights
 
 FIELDS_INT = ("tokens", "segment_ids", "positions", "targets")
@@ -50,16 +51,14 @@ class SampleSet:
     skipped_zero_advantage: int
 
 
-def make_samples(trajectories: Iterable, config: RLConfig, constant_length: int) -> SampleSet:
-    """One sample per turn of every trajectory (objects or Contract-4 dicts), with aggregation weights computed over
-    the whole batch; samples with advantage 0 are dropped afterwards when config.skips_zero_advantage."""
+def make_samples(trajectories: Iterable[Trajectory], config: RLConfig, constant_length: int) -> SampleSet:
+    """One sample per turn of every trajectory, with aggregation weights computed over the whole batch; samples
+    with advantage 0 are dropped afterwards when config.skips_zero_advantage."""
     samples = []
     for traj in trajectories:
-        turns = traj["turns"] if isinstance(traj, dict) else traj.turns
-        for t in turns:
-            get = (lambda k: t[k]) if isinstance(t, dict) else (lambda k: getattr(t, k))
-            samples.append(Sample(list(get("prompt_tokens")), list(get("response_tokens")),
-                                  list(get("response_logprobs")), float(get("advantage"))))
+        for t in traj.turns:
+            samples.append(Sample(list(t.prompt_tokens), list(t.response_tokens), list(t.response_logprobs),
+                                  float(t.advantage)))
     weights = aggregation_weights(np.array([len(s.response_tokens) for s in samples]), config.loss_aggregation,
                                   constant_length)
     for s, w in zip(samples, weights):

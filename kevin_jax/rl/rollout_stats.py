@@ -1,7 +1,9 @@
-"""Scalars that describe a batch of rollouts (what TensorBoard shows per step), and the compile-only proxy scores.
+"""Scalars that describe a batch of rollouts (what TensorBoard shows per step, under rollout/ and holdout/), and the
+compile-only proxy scores.
 
-All functions read Contract-4 trajectories (kevin_jax.env.episode.Trajectory objects); verdicts are
-EvalResult.to_dict() dicts.
+All functions read Contract-4 trajectories (kevin_jax.env.trajectory); whether a turn compiled, is correct and how
+fast it is are the Turn's own properties. Each metric has one name: the speed of correct kernels (mean speedup,
+fast_p, per turn too) is speed/... (kevin_jax.rl.speed_metrics), the rest is here.
 """
 from __future__ import annotations
 
@@ -10,17 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
-from kevin_jax.env.episode import Trajectory
-from kevin_jax.env.reward import RewardConfig, counts_as_correct
+from kevin_jax.env.reward import RewardConfig
+from kevin_jax.env.trajectory import Trajectory, Turn
 from kevin_jax.rl.advantages import AdvantageConfig, assign_returns
-
-
-def _correct(turn) -> bool:
-    return turn.parsed.get("format_error") is None and counts_as_correct(turn.verdict)
-
-
-def _compiled(turn) -> bool:
-    return turn.parsed.get("format_error") is None and turn.verdict.get("compiled") is True
+from kevin_jax.rl.speed_metrics import speed_scalars
 
 
 def _mean(values) -> float:
@@ -34,7 +29,7 @@ def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfi
     `compiled_score` for a well-formed, unflagged kernel that compiled (else 0), then recomputes returns and
     advantages with the run's reward and advantage settings (in place)."""
     assign_returns(trajectories, reward, advantage,
-                   score_of=lambda t: compiled_score if _compiled(t) and not t.verdict.get("hack_flags") else 0.0)
+                   score_of=lambda t: compiled_score if t.ok("compile_only") else 0.0)
 
 
 # A token the sampler drew with probability below this is a "tail" token: with a memorised policy (per-token NLL
@@ -52,13 +47,14 @@ def drew_tail_token(logprobs: Sequence[float]) -> bool:
     return bool(len(logprobs)) and float(np.min(logprobs)) < math.log(TAIL_PROB)
 
 
-def thought_of(turn) -> str:
+def thought_of(turn: Turn) -> str:
     thought = turn.parsed.get("thought")
     return turn.response_text if thought is None else thought
 
 
 def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_prefix: str = "Okay") -> dict:
-    """Per-turn correctness / speedup / score, best-of-trajectory, returns, advantages, lengths, "not okay" ratio."""
+    """Per-turn correctness / score, best-of-trajectory, returns, advantages, lengths, "not okay" ratio, and the
+    speed of correct kernels (speed/...)."""
     out: dict[str, float] = {}
     turns = [t for traj in trajectories for t in traj.turns]
     if not turns:
@@ -67,11 +63,9 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         at = [t for traj in trajectories for t in traj.turns if t.turn == i]
         if not at:
             continue
-        speedups = [t.verdict.get("speedup") for t in at if _correct(t) and t.verdict.get("speedup")]
-        out[f"turn{i}/correct_rate"] = _mean(_correct(t) for t in at)
-        out[f"turn{i}/compiled_rate"] = _mean(_compiled(t) for t in at)
-        out[f"turn{i}/format_ok_rate"] = _mean(t.parsed.get("format_error") is None for t in at)
-        out[f"turn{i}/mean_speedup"] = _mean(speedups)
+        out[f"turn{i}/correct_rate"] = _mean(t.correct for t in at)
+        out[f"turn{i}/compiled_rate"] = _mean(t.compiled for t in at)
+        out[f"turn{i}/format_ok_rate"] = _mean(t.well_formed for t in at)
         out[f"turn{i}/mean_score"] = _mean(t.score for t in at)
         # A turn whose samples are pushed down on average at every step (advantage.baseline, kevin_jax.rl.advantages).
         out[f"turn{i}/advantage_mean"] = _mean(t.advantage for t in at)
@@ -81,18 +75,18 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
         out[f"turn{i}/samples"] = float(len(at))
     best = [max((t.score for t in traj.turns), default=0.0) for traj in trajectories]
     out["best_of_trajectory/score_mean"] = _mean(best)
-    out["best_of_trajectory/correct_rate"] = _mean(any(_correct(t) for t in traj.turns) for traj in trajectories)
-    best_speedups = [max((t.verdict.get("speedup") or 0.0) for t in traj.turns if _correct(t))
-                     for traj in trajectories if any(_correct(t) for t in traj.turns)]
+    out["best_of_trajectory/correct_rate"] = _mean(any(t.correct for t in traj.turns) for traj in trajectories)
+    best_speedups = [max((t.speedup or 0.0) for t in traj.turns if t.correct)
+                     for traj in trajectories if any(t.correct for t in traj.turns)]
     out["best_of_trajectory/speedup_mean"] = _mean(best_speedups)
     out["best_of_trajectory/faster_than_torch_rate"] = _mean(
-        any(_correct(t) and (t.verdict.get("speedup") or 0) > 1.0 for t in traj.turns) for traj in trajectories)
+        any((t.speedup or 0.0) > 1.0 for t in traj.turns) for traj in trajectories)
     scores = np.array([t.score for t in turns])
     returns = np.array([t.return_ for t in turns])
     adv = np.array([t.advantage for t in turns])
-    out.update({"score_mean": float(scores.mean()), "correct_rate": _mean(_correct(t) for t in turns),
-                "compiled_rate": _mean(_compiled(t) for t in turns),
-                "hack_flag_rate": _mean(bool(t.verdict.get("hack_flags")) for t in turns),
+    out.update({"score_mean": float(scores.mean()), "correct_rate": _mean(t.correct for t in turns),
+                "compiled_rate": _mean(t.compiled for t in turns),
+                "hack_flag_rate": _mean(t.flagged for t in turns),
                 # speedups timed while the GPU ran the cached reference REF_DRIFT x slower than when it was cached
                 # (another process on the GPU: cuda_eval.judge.Job._cached_reference_holds); should stay 0
                 "timing_contended_rate": _mean(bool((t.verdict.get("meta") or {}).get("timing_contended"))
@@ -111,4 +105,5 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
                 "thought_complete_rate": _mean(bool(t.parsed.get("thought_complete", True)) for t in turns)})
     # Kevin's early warning of collapse: thoughts that no longer start the way the base model's do ("Okay").
     out["not_okay_ratio"] = _mean(not thought_of(t).lstrip().startswith(thought_prefix) for t in turns)
+    out.update(speed_scalars(trajectories))
     return {k: v for k, v in out.items() if not math.isnan(v)}   # NaN (e.g. no correct kernel): no point

@@ -22,7 +22,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -372,3 +372,13 @@ def select(tasks: Sequence[Task], split: Split, part: Literal["train", "holdout"
             log.warning("task %s differs from the copy the split was made with (content hash %s… vs %s…)", task_id,
                         by_id[task_id].content_hash[:12], recorded[:12])
     return [by_id[i] for i in named]
+
+
+def check_known_tasks(task_ids: Iterable[str], known: Mapping[str, Any], where: str) -> None:
+    """Unknown task ids are an error naming them (the input was made for another task set)."""
+    unknown = sorted(set(task_ids) - set(known))
+    if unknown:
+        raise ValueError(f"{where} refers to {len(unknown)} task(s) that are not in the loaded task set, e.g. "
+                         f"{unknown[:8]}; load the task set it was made with (--config.tasks.kernelbench_dir / "
+                         f"--config.tasks.parquet / --config.tasks.levels). Known ids look like "
+                         f"{sorted(known)[:3]}")

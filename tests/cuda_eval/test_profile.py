@@ -311,8 +311,11 @@ def test_launch_eval_writes_the_profile_report(tmp_path):
     spec.loader.exec_module(module)
     verdict = {"correct": True, "speedup": 0.12, "hack_flags": [], "timing": {"median_ms": 1.95},
                "meta": {"kernel_profile": PROFILES["matmul_tiled_h100"]}}
-    (tmp_path / "trajectories.jsonl").write_text(json.dumps({"task_id": "L1/matmul", "traj_index": 0,
-                                                             "turns": [{"turn": 0, "verdict": verdict}]}) + "\n")
+    from kevin_jax.env.trajectory import Trajectory, Turn, write_trajectories
+    turn = Turn(turn=0, prompt_tokens=[1], response_tokens=[2], response_logprobs=[-0.5], stop_reason="stop",
+                response_text="```cuda\n...\n```", parsed={"format_error": None}, verdict=verdict)
+    write_trajectories(tmp_path / "trajectories.jsonl",
+                       [Trajectory(task_id="L1/matmul", traj_index=0, step=0, seed=0, turns=[turn])])
     (tmp_path / "table.txt").write_text("the table\n")
     module._write_profile_report(str(tmp_path))
     report = (tmp_path / "kernel_profiles.txt").read_text()

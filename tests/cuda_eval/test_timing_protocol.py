@@ -225,3 +225,37 @@ def test_the_kernel_trace_of_the_calls_is_judged():
     relu = "void at::native::vectorized_elementwise_kernel<4, relu>"
     assert judged([[1.9, 2, 2], [2.0, 2, 3]], {relu: 1}, [relu]) == {"reference_op"}
     assert judged([[1.9, 2, 2], [2.0, 2, 3]], {"sm90_xmma_gemm_f32f32": 2}) == {"library_heavy_op"}
+
+
+def test_the_trace_keeps_our_gate_and_drops_runtime_calls():
+    """The records the kernel session reads: our gate kernel opens every window (its name starts with `cuda`, like
+    the runtime calls the session drops), the digests close them."""
+    for name in (device_kernels.GATE_KERNEL, *device_kernels.DIGEST_KERNELS, "void my_relu_kernel<float>(float*)"):
+        assert dynamic_checks.is_kernel_record(name), name
+    for name in ("cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync", "Memcpy HtoD (Pageable -> Device)",
+                 "Memset (Device)"):
+        assert not dynamic_checks.is_kernel_record(name), name
+
+
+def test_the_reward_time_is_bounded_by_the_kernel_trace():
+    """A timer forged below what the kernels took on the GPU: the trace scales the median back up (less the
+    tolerance) and flags it; an honest trace (a little under the reports) changes nothing."""
+    from cuda_eval.judge import job as judge
+    allowance = judge.GROUP_JITTER_S["cuda"]
+
+    def traced(reported_ms: float, busy_ms: float):
+        job = _job("cuda")
+        group = _group("timed", [reported_ms] * 32, 0.010 + allowance, 0.010)   # the wall proves nothing here
+        job._conclude_timing([group], 3, 32)
+        job.groups = [group]
+        job.meta.update(call_windows=[[busy_ms * 32, 32, 32]], call_foreign_kernels={})
+        job._reference_kernels = lambda: []
+        job.judge_call_trace()
+        return job
+    honest = traced(1.0, 0.97)
+    assert not honest.flags and not honest.timing["capped"] and honest.timing["median_ms"] == 1.0
+    forged = traced(0.05, 1.0)
+    assert forged.timing["capped"] and forged.timing["median_ms"] == pytest.approx(1.0 / judge.WALL_TOLERANCE)
+    assert [f["code"] for f in forged.flags] == ["timing_inconsistent"]
+    mild = traced(1.0 / 1.1, 1.0)   # within the tolerance: neither flagged nor capped, a gain of at most 1.15x
+    assert not mild.flags and mild.timing["median_ms"] == pytest.approx(1.0 / 1.1)

@@ -16,7 +16,7 @@ from ml_collections import config_flags
 
 from cuda_eval.api import visible_gpu_count
 from kevin_jax import run_config, train
-from kevin_jax.placement import GpuConfig, apply_gpu_placement
+from kevin_jax.placement import GpuConfig, apply_gpu_placement, host_memory_gib
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ("kevin32b", "single_turn", "one_gpu", "tiny_cpu", "warm_start_demo")
@@ -335,3 +335,10 @@ def test_gpu_placement():
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}           # the user's own setting wins
     apply_gpu_placement(GpuConfig(), "all", 1, env)
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3"
+    # the optimiser state in pinned host memory: XLA's pinned-host pool per GPU (64 GiB by default) gets the machine's
+    env = {}
+    apply_gpu_placement(GpuConfig(), "all", 4, env, offload="pinned_host")
+    assert int(env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"]) == host_memory_gib() > 0
+    env = {}
+    apply_gpu_placement(GpuConfig(), "all", 4, env)
+    assert "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB" not in env

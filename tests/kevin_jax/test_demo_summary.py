@@ -26,7 +26,7 @@ def _write_run(workdir, correct_per_step, turns=4, trajectories=5):
                              "response_logprobs": [-0.01 * (t + 1) * step, -0.01 if t < 3 else -4.0],
                              "response_text": "x", "parsed": {"format_error": None},
                              "verdict": {"compiled": True, "correct": ok, "hack_flags": [], "speedup": 1.0}})
-            lines.append(json.dumps({"turns": traj}))
+            lines.append(json.dumps({"task_id": "L1/1_LeakyReLU", "traj_index": j, "turns": traj}))
         (workdir / "trajectories" / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -106,7 +106,7 @@ def _write_speed_run(workdir, fast_per_step, correct_per_step=None, turns=4, tra
                              "parsed": {"format_error": None},
                              "verdict": {"compiled": True, "correct": ok, "hack_flags": [],
                                          "speedup": speedup if ok else None}})
-            lines.append(json.dumps({"task_id": task_id, "turns": traj}))
+            lines.append(json.dumps({"task_id": task_id, "traj_index": j, "turns": traj}))
         (workdir / "trajectories" / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
 
 

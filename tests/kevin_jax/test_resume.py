@@ -75,9 +75,8 @@ def test_killed_at_every_phase_resumes_to_the_same_run(tmp_path, warm_dir, offlo
 
     interrupted = tmp_path / "interrupted"
     for phase, step in KILLS[offload]:
-        run = trainer_fakes.run_driver(interrupted, _overrides(warm_dir, **{"debug.kill_at_phase": phase,
-                                                                            "debug.kill_at_step": step,
-                                                                            "optim.offload": offload}))
+        run = trainer_fakes.run_driver(interrupted, _overrides(warm_dir, **{"optim.offload": offload}),
+                                       kill_at=(phase, step))
         assert run.returncode == -signal.SIGKILL, f"expected a SIGKILL during {phase} of step {step}:\n" + \
             run.stdout[-4000:]
         assert f"SIGKILL during {phase} of step {step}" in run.stdout

@@ -1,5 +1,6 @@
 """The tiny CPU config end to end, as a user runs it: launch/train.py with real compile-only verdicts (nvcc), a
-SIGKILL in the middle of an update, the same command again resuming, and TensorBoard holding the step scalars."""
+SIGKILL in the middle of an update (tests/kevin_jax/kill_at_phase.py, which runs launch/train.py), the command again
+resuming, and TensorBoard holding the step scalars."""
 import json
 import os
 import signal
@@ -30,11 +31,14 @@ EXPECTED = [f"rollout/turn{t}/{m}" for t in (0, 1) for m in ("correct_rate", "co
     "time/checkpoint_wait", "mem/host_rss_gb", "mem/host_rss_peak_gb", "mem/node_used_gb"]
 
 
-def _launch(workdir, *flags):
+def _launch(workdir, *flags, kill_at=None):
     # The config's own warm start ran once to make this checkpoint (trainer_fakes.warm_tiny_checkpoint, the same
     # code path); starting from it saves CI from repeating those minutes.
     warm = trainer_fakes.warm_tiny_checkpoint()
-    cmd = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/tiny_cpu.py",
+    program = [str(REPO / "launch" / "train.py")] if kill_at is None else [
+        str(REPO / "tests" / "kevin_jax" / "kill_at_phase.py"), f"--kill_at_phase={kill_at[0]}",
+        f"--kill_at_step={kill_at[1]}"]
+    cmd = [sys.executable, *program, "--config=configs/tiny_cpu.py",
            f"--workdir={workdir}", f"--config.total_steps={STEPS}", "--config.model.shape=",
            f"--config.model.hf_checkpoint={warm}", "--config.warm_start.steps=0", *flags]
     proc = subprocess.Popen(cmd, cwd=REPO, env=trainer_fakes.driver_env(), stdout=subprocess.PIPE,
@@ -48,7 +52,7 @@ def _launch(workdir, *flags):
 
 def test_tiny_config_trains_is_killed_resumes_and_logs(tmp_path):
     workdir = tmp_path / "tiny"
-    code, out = _launch(workdir, "--config.debug.kill_at_phase=update", "--config.debug.kill_at_step=2")
+    code, out = _launch(workdir, kill_at=("update", 2))
     assert code == -signal.SIGKILL, out[-5000:]
     assert "[compile-only] step 1/3" in out, out[-5000:]
     code, out = _launch(workdir)

@@ -1,10 +1,11 @@
 """Runs the RL loop in its own process for the trainer tests (resume after SIGKILL, multi-host).
 
-    python trainer_driver.py <workdir> '<json {"dotted.key": value}>' [--real-evaluator]
+    python trainer_driver.py <workdir> '<json {"dotted.key": value}>' [--real-evaluator] [--kill-at=<phase>:<step>]
     python trainer_driver.py --make-warm-checkpoint <dir>
 
 configs/tiny_cpu.py with the overrides; the evaluator is ParseOnlyEvaluatorFake unless --real-evaluator (cuda_eval,
-compile-only with nvcc). Prints "RESULT <json of the last step's scalars>" at the end.
+compile-only with nvcc); --kill-at SIGKILLs the run at that phase of that step (kill_at_phase.py). Prints
+"RESULT <json of the last step's scalars>" at the end.
 """
 import json
 import logging
@@ -44,11 +45,18 @@ def main(argv):
         make_warm_checkpoint(argv[2])
         return
     import trainer_fakes
+    from kill_at_phase import KillAt
     from kevin_jax import train
 
     workdir, overrides = argv[1], json.loads(argv[2])
     config = trainer_fakes.tiny_config(**overrides)
     evaluator = None if "--real-evaluator" in argv else trainer_fakes.ParseOnlyEvaluatorFake()
+    kill_at = [a.split("=", 1)[1] for a in argv if a.startswith("--kill-at=")]
+    if kill_at:
+        phase, step = kill_at[0].split(":")
+        kill = KillAt(phase, int(step))
+        kill.install()
+        evaluator = evaluator and kill.wrap_evaluator(evaluator)
     result = train.run(config, workdir, evaluator=evaluator)
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -85,12 +85,15 @@ def driver_env(devices: int = 1, extra: dict | None = None) -> dict:
 
 
 def run_driver(workdir, overrides: dict, *, real_evaluator: bool = False, devices: int = 1, timeout: int = 900,
-               extra_env: dict | None = None, wait: bool = True):
+               extra_env: dict | None = None, wait: bool = True, kill_at: tuple[str, int] | None = None):
     """Runs kevin_jax.train.run in a fresh process (its own session, so that a SIGKILLed run's children can be
-    reaped); returns the CompletedProcess, or the Popen when wait=False."""
+    reaped); returns the CompletedProcess, or the Popen when wait=False. kill_at: (phase, step) to SIGKILL it at
+    (kill_at_phase.py)."""
     cmd = [sys.executable, str(DRIVER), str(workdir), json.dumps(overrides)]
     if real_evaluator:
         cmd.append("--real-evaluator")
+    if kill_at:
+        cmd.append(f"--kill-at={kill_at[0]}:{kill_at[1]}")
     kwargs = dict(env=driver_env(devices, extra_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                   start_new_session=True)
     proc = subprocess.Popen(cmd, **kwargs)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from kevin_env_fakes import EvaluatorFake, ScriptedPolicyFake, chatml_tokenizer, scripted_answer
 
-from kevin_jax.env.episode import (EnvConfig, EpisodeRunner, Trajectory, load_trajectories, reevaluate, round_seed,
-                                   save_trajectories)
+from kevin_jax.env.episode import EnvConfig, EpisodeRunner, reevaluate, round_seed
+from kevin_jax.env.trajectory import LineProblem, Trajectory, Turn, read_trajectories, write_trajectories
 from kevin_jax.env.policy import Generation
 from kevin_jax.env.prompts import PromptTooLongError
 from kevin_jax.env.reward import RewardConfig
@@ -214,10 +214,12 @@ def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
     trajs = runner.run(tasks()).trajectories
     assign_returns(trajs, RewardConfig(), AdvantageConfig())
     path = tmp_path / "traj.jsonl"
-    save_trajectories(path, trajs[:5])
-    save_trajectories(path, trajs[5:], append=True)
-    loaded = load_trajectories(path)
+    write_trajectories(path, trajs[:5])
+    write_trajectories(path, trajs)               # written again: replaced, not appended
+    loaded, report = read_trajectories(path, one_evaluation=True)
+    assert (report.lines, report.accepted, report.problems) == (8, 8, [])
     assert [t.to_dict() for t in loaded] == [t.to_dict() for t in trajs]
+    assert not list(tmp_path.glob("*.tmp"))
     assert isinstance(loaded[0], Trajectory)
 
     same = rescore(loaded, RewardConfig(), AdvantageConfig())
@@ -272,11 +274,16 @@ def test_bad_inputs():
         Generation([1], [0.0], "finished")
 
 
-def test_load_trajectories_reports_the_bad_line(tmp_path):
+def test_read_trajectories_reports_the_bad_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"task_id": "L1/1_A", "traj_index": 0, "step": 0, "seed": 0, "turns": []}\n\n{"oops": 1}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:3"):
-        load_trajectories(path)
+    trajectories, report = read_trajectories(path)
+    assert [t.task_id for t in trajectories] == ["L1/1_A"]
+    assert report.problems == [LineProblem(3, "not a trajectory record (missing ['task_id', 'traj_index', 'turns'])")]
+    assert "bad.jsonl: 1 record(s) accepted of 2 line(s), 1 garbage line(s) refused: line 3" in report.describe()
+    path.write_text('{"oops": 1}\n')
+    with pytest.raises(ValueError, match=r"no valid record in .*bad.jsonl: .*line 1"):
+        read_trajectories(path)
 
 
 @pytest.mark.gpu
@@ -301,7 +308,6 @@ def test_scripted_policy_with_the_real_evaluator_gives_the_expected_verdicts(tmp
 def test_rollout_scalars_count_contended_timings_among_timed_kernels():
     """rollout/timing_contended_rate: the share of timed (correct) kernels whose verdict says the GPU ran the cached
     reference >1.5x slower than when it was cached (cuda_eval's meta.timing_contended); untimed kernels don't count."""
-    from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import rollout_scalars
 
     def turn(i, speedup, contended=False):
@@ -317,7 +323,6 @@ def test_rollout_scalars_count_contended_timings_among_timed_kernels():
 
 def test_rollout_scalars_report_each_turns_mean_advantage():
     """rollout/turn{i}/advantage_mean shows a turn pushed down on average (advantage.baseline="mean": the last turn)."""
-    from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import rollout_scalars
 
     def turn(i, correct):
@@ -341,7 +346,6 @@ def test_rollout_scalars_report_each_turns_mean_advantage():
 def test_rollout_scalars_report_each_turns_sharpness():
     """rollout/turn{i}/sampled_nll and tail_token_rate show a turn whose samples un-sharpen (as in a failed demo seed:
     later turns drew more tokens from the tail and derailed more often)."""
-    from kevin_jax.env.episode import Turn
     from kevin_jax.rl.rollout_stats import TAIL_PROB, rollout_scalars
 
     def turn(i, logprobs):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kevin_env_fakes import EvaluatorFake, ScriptedPolicyFake, chatml_tokenizer, scripted_answer
 
-from kevin_jax.env.episode import load_trajectories, save_trajectories
+from kevin_jax.env.trajectory import read_trajectories, write_trajectories
 from kevin_jax.evaluation import pipeline
 from kevin_jax.evaluation.pipeline import EvalOptions
 from kevin_jax.logs import read_scalars
@@ -87,7 +87,7 @@ def test_policy_evaluation_writes_every_output(tmp_path):
         assert (out / name).is_file(), name
     for name in ("turns.png", "best_at_k.png", "fixed_budget.png"):
         assert is_png(out / name), name
-    trajectories = load_trajectories(out / "trajectories.jsonl")
+    trajectories = read_trajectories(out / "trajectories.jsonl")[0]
     assert len(trajectories) == 8 and all(len(t.turns) == 3 for t in trajectories)
     assert trajectories[0].turns[2].verdict["speedup"] == 2.5 and trajectories[0].turns[0].response_tokens
     saved = json.loads((out / "metrics.json").read_text())
@@ -139,14 +139,14 @@ def test_reevaluate_runs_the_evaluator_again_on_saved_responses(tmp_path):
 
 def test_unknown_tasks_and_mixed_steps_in_a_trajectories_file_are_errors(tmp_path):
     first, _ = run_fake(tmp_path)
-    trajectories = load_trajectories(first.files["trajectories"])
+    trajectories = read_trajectories(first.files["trajectories"])[0]
     trajectories[0].task_id = "L9/1_NotATask"
-    save_trajectories(tmp_path / "unknown.jsonl", trajectories)
+    write_trajectories(tmp_path / "unknown.jsonl", trajectories)
     with pytest.raises(ValueError, match=r"1 task\(s\) that are not in the loaded task set.*L9/1_NotATask"):
         pipeline.run(config(), EvalOptions(out_dir=str(tmp_path / "x"), rescore=str(tmp_path / "unknown.jsonl")))
-    trajectories = load_trajectories(first.files["trajectories"])
+    trajectories = read_trajectories(first.files["trajectories"])[0]
     trajectories[1].step = 7
-    save_trajectories(tmp_path / "mixed.jsonl", trajectories)
+    write_trajectories(tmp_path / "mixed.jsonl", trajectories)
     with pytest.raises(ValueError, match="mixes trajectories of steps"):
         pipeline.run(config(), EvalOptions(out_dir=str(tmp_path / "x"), rescore=str(tmp_path / "mixed.jsonl")))
     (tmp_path / "garbage.jsonl").write_text("nope\n{}\n")
@@ -178,7 +178,7 @@ def test_beam_search_keeps_the_fastest_trajectory_and_copies_it(tmp_path):
         return scripted_answer(SOLUTIONS[(task.task_id, "correct")], summary=f"SPEEDUP={speedup}")
 
     outcome, policy = run_fake(tmp_path, script=script, beam_width=1, beam_block_turns=1)
-    finals = load_trajectories(outcome.files["trajectories"])
+    finals = read_trajectories(outcome.files["trajectories"])[0]
     assert len(finals) == 8 and all(len(t.turns) == 3 for t in finals)
     # after turn 1 only the 3.0x trajectory survives (4 copies); every later prompt carries its attempt
     assert all(t.turns[0].verdict["speedup"] == 3.0 for t in finals)
@@ -190,7 +190,7 @@ def test_beam_search_keeps_the_fastest_trajectory_and_copies_it(tmp_path):
     assert beam["prunings"] == 4 and beam["surviving_origins"] == {t: [1] for t in TASK_IDS}
     first = [s for s in beam["selections"] if s["after_turns"] == 1]
     assert all(s["kept"][0]["best_speedup"] == 3.0 and s["copies"] == 4 for s in first)
-    assert len(load_trajectories(outcome.out_dir / "beam_pruned.jsonl")) == 2 * (3 + 3)
+    assert len(read_trajectories(outcome.out_dir / "beam_pruned.jsonl")[0]) == 2 * (3 + 3)
     m = outcome.metrics
     assert not m["parallel_samples"] and m["ks"] == [4] and "fixed_budget" not in m
     assert m["summary"]["eager"]["performance"]["best@4"] == 3.0
@@ -328,7 +328,7 @@ def test_tiny_cpu_config_end_to_end_with_compile_only_verdicts(tiny_run, tmp_pat
     assert m["mode"] == "compile_only" and m["metric_correct"] == "compiled"
     assert (m["num_tasks"], m["trajectories_per_task"], m["turns"]) == (1, 2, 2)
     assert saved["meta"]["step"] == 3 and "checkpoint" in saved["meta"]["source"]
-    trajectories = load_trajectories(out / "trajectories.jsonl")
+    trajectories = read_trajectories(out / "trajectories.jsonl")[0]
     assert len(trajectories) == 2
     for traj in trajectories:
         for turn in traj.turns:

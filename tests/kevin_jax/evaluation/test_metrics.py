@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kevin_jax.evaluation.metrics import (budget_points, compile_speedup, compute_metrics, default_ks,
-                                          expected_best_of_k, infer_mode, kernel_outcome, pass_at_k)
+from kevin_jax.env.trajectory import Trajectory, Turn
+from kevin_jax.evaluation.metrics import (budget_points, compute_metrics, default_ks, expected_best_of_k, infer_mode,
+                                          kernel_outcome, pass_at_k)
 
 
 # ----------------------------------------------------------------------------------------------- plain-data helpers
@@ -25,6 +26,14 @@ def turn(i, format_error=None, **kw):
     return {"turn": i, "parsed": {"format_error": format_error}, "verdict": verdict(**kw)}
 
 
+def kernel(parsed: dict, verdict: dict) -> Turn:
+    return Turn.from_dict({"turn": 0, "parsed": parsed, "verdict": verdict})
+
+
+def compile_speedup(verdict: dict) -> float | None:
+    return kernel({"format_error": None}, verdict).compile_speedup
+
+
 WRONG = dict(correct=False)
 COMPILE_ERROR = dict(correct=None, compiled=False)
 
@@ -36,7 +45,7 @@ def ok(speedup, **kw):
 def traj(task_id, j, *turn_specs):
     """turn_specs: dicts of verdict fields, or None for a turn that was not taken (only at the end)."""
     turns = [turn(i, **spec) for i, spec in enumerate(turn_specs) if spec is not None]
-    return {"task_id": task_id, "traj_index": j, "turns": turns}
+    return Trajectory.from_dict({"task_id": task_id, "traj_index": j, "turns": turns})
 
 
 def hand_example():
@@ -88,15 +97,15 @@ def test_best_of_k_outside_1_to_n_is_an_error(k):
 # ----------------------------------------------------------------------------------------------- kernels
 def test_kernel_outcome_follows_the_reward_rules():
     fine = {"format_error": None}
-    assert kernel_outcome(fine, verdict(speedup=1.7), "full").speedups["eager"] == 1.7
-    assert not kernel_outcome(fine, verdict(hack=True), "full").ok
-    assert not kernel_outcome({"format_error": "no code"}, verdict(), "full").ok
-    assert not kernel_outcome(fine, verdict(correct=None), "full").ok                  # not checked
+    assert kernel_outcome(kernel(fine, verdict(speedup=1.7)), "full").speedups["eager"] == 1.7
+    assert not kernel_outcome(kernel(fine, verdict(hack=True)), "full").ok
+    assert not kernel_outcome(kernel({"format_error": "no code"}, verdict()), "full").ok
+    assert not kernel_outcome(kernel(fine, verdict(correct=None)), "full").ok                  # not checked
     # compile-only: ok = compiled, clean and well formed; no speed is known
-    compiled = kernel_outcome(fine, verdict(correct=None, mode="compile_only"), "compile_only")
+    compiled = kernel_outcome(kernel(fine, verdict(correct=None, mode="compile_only")), "compile_only")
     assert compiled.ok and compiled.speedups == {"eager": None, "compile": None}
-    assert not kernel_outcome(fine, verdict(correct=None, compiled=False), "compile_only").ok
-    assert not kernel_outcome(fine, verdict(correct=None, hack=True), "compile_only").ok
+    assert not kernel_outcome(kernel(fine, verdict(correct=None, compiled=False)), "compile_only").ok
+    assert not kernel_outcome(kernel(fine, verdict(correct=None, hack=True)), "compile_only").ok
 
 
 def test_speedup_over_torch_compile_is_its_median_over_the_candidates():
@@ -234,17 +243,13 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(ValueError, match="budgets must be positive"):
         compute_metrics(hand_example(), budgets=[0])
     with pytest.raises(ValueError, match="hold no turns"):
-        compute_metrics([{"task_id": "L1/1_A", "turns": []}])
+        compute_metrics([Trajectory("L1/1_A", 0, 0, 0, [])])
 
 
-def test_accepts_trajectory_objects():
-    from kevin_jax.env.episode import Trajectory
-    objects = []
-    for d in hand_example():
-        full = {"step": 0, "seed": 0, **d, "turns": [
-            {"prompt_tokens": [], "response_tokens": [], "response_logprobs": [], "stop_reason": "eos",
-             "response_text": "", "score": 0.0, "return": 0.0, "advantage": 0.0, **t} for t in d["turns"]]}
-        objects.append(Trajectory.from_dict(full))
+def test_trajectories_read_back_from_their_json_give_the_same_metrics(tmp_path):
+    from kevin_jax.env.trajectory import read_trajectories, write_trajectories
+    path = write_trajectories(tmp_path / "hand.jsonl", hand_example())
+    objects, _ = read_trajectories(path)
     assert compute_metrics(objects)["summary"] == compute_metrics(hand_example())["summary"]
     assert math.isclose(compute_metrics(objects)["summary"]["correct"]["best@2"], 11 / 12)
 

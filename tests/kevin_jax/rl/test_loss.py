@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kevin_jax.env.trajectory import Trajectory, Turn
 from kevin_jax.rl import batch as rl_batch
 from kevin_jax.rl import loss as rl_loss
 
@@ -184,13 +185,14 @@ def test_loss_ignores_everything_outside_the_mask():
 
 
 def test_make_samples_weights_count_skipped_samples():
-    turns = [{"prompt_tokens": [1, 2], "response_tokens": [3] * n, "response_logprobs": [-1.0] * n,
-              "advantage": a} for n, a in ((4, 0.0), (6, 1.0), (10, -1.0))]
+    turns = [Turn(0, [1, 2], [3] * n, [-1.0] * n, "eos", "", {}, {}, advantage=a)
+             for n, a in ((4, 0.0), (6, 1.0), (10, -1.0))]
+    trajectories = [Trajectory("L1/x", 0, 0, 0, turns)]
     cfg = rl_loss.RLConfig(loss_aggregation="token_mean")
-    s = rl_batch.make_samples([{"turns": turns}], cfg, constant_length=0)
+    s = rl_batch.make_samples(trajectories, cfg, constant_length=0)
     assert s.total == 3 and s.skipped_zero_advantage == 1 and len(s.samples) == 2
     assert all(np.isclose(x.weight, 1 / 20) for x in s.samples)
-    s = rl_batch.make_samples([{"turns": turns}], rl_loss.RLConfig(kl_coef=0.1, loss_aggregation="token_mean"), 0)
+    s = rl_batch.make_samples(trajectories, rl_loss.RLConfig(kl_coef=0.1, loss_aggregation="token_mean"), 0)
     assert len(s.samples) == 3            # with a KL term every sample matters
 
 

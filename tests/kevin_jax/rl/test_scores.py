@@ -4,12 +4,22 @@ import math
 import numpy as np
 import pytest
 
-from kevin_jax.env.reward import RewardConfig, counts_as_correct, kernel_score
+from cuda_eval.api import EvalResult
+from kevin_jax.env.reward import RewardConfig, turn_score
+from kevin_jax.env.trajectory import Turn
 from kevin_jax.rl.advantages import AdvantageConfig, discounted_returns, group_advantages, normalized_advantages
 
 
 def verdict(correct=True, speedup=1.3, **kw):
     return {"format_ok": True, "correct": correct, "speedup": speedup, "hack_flags": [], **kw}
+
+
+def kernel_turn(verdict: dict, format_error=None) -> Turn:
+    return Turn.from_dict({"turn": 0, "parsed": {"format_error": format_error}, "verdict": verdict})
+
+
+def kernel_score(verdict: dict, config: RewardConfig) -> float:
+    return turn_score(kernel_turn(verdict), config)
 
 
 def test_kernel_score_is_weight_plus_speedup_when_correct():
@@ -25,14 +35,17 @@ def test_kernel_score_is_weight_plus_speedup_when_correct():
     verdict(hack_flags=[{"code": "torch_op", "reason": "torch.matmul in forward"}]),
 ])
 def test_kernel_score_is_zero_when_not_clean_and_correct(bad):
-    assert not counts_as_correct(bad)
+    assert not kernel_turn(bad).correct
     assert kernel_score(bad, RewardConfig()) == 0.0
+    # our parse saw no code block: not correct whatever the verdict says
+    assert not kernel_turn(verdict(), format_error="no code block").correct
+    assert turn_score(kernel_turn(verdict(), format_error="no code block"), RewardConfig()) == 0.0
 
 
-def test_score_accepts_objects_with_attributes():
-    class Result:
-        format_ok, correct, speedup, hack_flags = True, True, 2.0, []
-    assert kernel_score(Result(), RewardConfig()) == pytest.approx(2.3)
+def test_score_of_the_evaluators_own_verdict():
+    result = EvalResult(request_id="r", task_id="t", mode="full", format_ok=True, compiled=True, correct=True,
+                        speedup=2.0)
+    assert kernel_score(result.to_dict(), RewardConfig()) == pytest.approx(2.3)
 
 
 def test_speedup_transforms():

@@ -1,10 +1,12 @@
 """kevin_jax.rl.speed_metrics on hand-built scored turns: mean speedup of correct kernels, fast_1 / fast_1.5 among
-correct kernels, mean score, per turn; Turn objects and their JSON dicts give the same numbers."""
+correct kernels, mean score, per turn; Turn objects and the same turns read back from their JSON give the same
+numbers."""
 import dataclasses
+import json
 
 import pytest
 
-from kevin_jax.env.episode import Trajectory, Turn
+from kevin_jax.env.trajectory import Trajectory, Turn
 from kevin_jax.rl import speed_metrics
 from kevin_jax.rl.speed_metrics import log_text, speed_metrics as metrics, speed_scalars
 
@@ -13,8 +15,8 @@ def turn(i, correct=True, speedup=1.0, score=None, format_error=None, flags=()):
     verdict = {"format_ok": True, "compiled": True, "correct": correct, "speedup": speedup if correct else None,
                "hack_flags": [{"code": c, "reason": c} for c in flags]}
     ok = correct and not flags and format_error is None
-    return {"turn": i, "parsed": {"format_error": format_error}, "verdict": verdict,
-            "score": (0.3 + (speedup or 0.0)) if score is None and ok else (score or 0.0)}
+    return Turn.from_dict({"turn": i, "parsed": {"format_error": format_error}, "verdict": verdict,
+                           "score": (0.3 + (speedup or 0.0)) if score is None and ok else (score or 0.0)})
 
 
 # Turn 0: correct at 0.5x, 1.0x and 2.0x, one wrong.  Turn 1: correct at 1.5x, a flagged "correct" 3.0x kernel (not
@@ -46,21 +48,23 @@ def test_undefined_without_correct_kernels():
     assert m["mean_speedup"] is None and m["fast_1"] is None and m["turn1/fast_1.5"] is None
     assert m["correct_rate"] == 0.0 and m["score_mean"] == 0.0
     assert metrics([])["score_mean"] is None
-    scalars = speed_scalars([{"turns": [turn(0, correct=False)]}])
-    assert "speed/mean_speedup" not in scalars and scalars["speed/correct_rate"] == 0.0
+    scalars = speed_scalars([Trajectory("L1/x", 0, 1, 0, [turn(0, correct=False)])])
+    assert "speed/mean_speedup" not in scalars and scalars["speed/correct_kernels"] == 0.0
+    # one name per metric: the correct rate and mean score are rollout_stats' (rollout/correct_rate, ...)
+    assert not {"speed/correct_rate", "speed/score_mean", "speed/turn0/correct_rate"} & set(scalars)
     assert log_text(scalars) == "speedup -x, fast_1 -, fast_1.5 -"
 
 
-def test_turn_objects_and_trajectory_dicts_agree():
-    def as_turn(d):
-        return Turn(turn=d["turn"], prompt_tokens=[1], response_tokens=[2], response_logprobs=[-0.1],
-                    stop_reason="eos", response_text="x", parsed=d["parsed"], verdict=d["verdict"], score=d["score"])
+def test_turn_objects_and_their_json_agree():
+    def as_turn(t):
+        return Turn(turn=t.turn, prompt_tokens=[1], response_tokens=[2], response_logprobs=[-0.1],
+                    stop_reason="eos", response_text="x", parsed=t.parsed, verdict=t.verdict, score=t.score)
 
-    trajectories = [Trajectory("L1/x", 0, 1, 0, [as_turn(d) for d in TURNS[:4]]),
-                    Trajectory("L1/x", 1, 1, 0, [as_turn(d) for d in TURNS[4:]])]
+    trajectories = [Trajectory("L1/x", 0, 1, 0, [as_turn(t) for t in TURNS[:4]]),
+                    Trajectory("L1/x", 1, 1, 0, [as_turn(t) for t in TURNS[4:]])]
     from_objects = speed_scalars(trajectories)
-    from_dicts = speed_scalars([{"turns": TURNS[:4]}, {"turns": TURNS[4:]}])
-    assert from_objects == pytest.approx(from_dicts)
+    from_json = speed_scalars([Trajectory.from_dict(json.loads(json.dumps(t.to_dict()))) for t in trajectories])
+    assert from_objects == pytest.approx(from_json)
     assert from_objects["speed/fast_1.5"] == pytest.approx(2 / 5)
     assert set(from_objects) >= {"speed/turn0/mean_speedup", "speed/turn1/fast_1"}
     assert log_text({f"rollout/{k}": v for k, v in from_objects.items()}, "rollout/speed/") == \

@@ -1,27 +1,13 @@
-"""When the parts of a step run: policy calls and evaluations, overlapped (kevin_jax.env.episode says what they do).
-
-A step's tasks are split into pipeline groups (env.pipeline_groups); a *part* is one group's round: one policy call
-for the group's live trajectories, then one evaluation of their answers. A group's next part needs its verdicts (the
-next prompt shows the feedback), but other groups need not wait for them:
-
-    sequential (env.overlap=False)        overlapped (env.overlap=True), 2 groups
-    sample g0 r0 |                        sample g0 r0 | sample g1 r0 |              | sample g0 r1 | sample g1 r1
-                 | evaluate g0 r0 |                    | evaluate g0 r0 ..........   |              | evaluate ...
-                   sample g1 r0 |                                     | evaluate g1 r0 ..........   |
-                                | evaluate g1 r0 | ...
-
-One loop on the caller's thread does every policy call (JAX); evaluations are asynchronous (cuda_eval.api's
-Evaluator.submit: compiles on CPU workers, runs on the GPU pool, a future per request). The loop generates whatever
-part is ready; when none is, it waits for an evaluation to finish, scores it and renders that group's next part. Each
-part's prompts, seed and request ids depend only on its own group's history, so the trajectories are the same in
-either mode and whatever order the verdicts arrive in; only the times differ. A step then costs about
-max(sampling, evaluation) plus one part's sampling and one part's evaluation (the pipeline's fill and drain) instead
-of their sum. On a GPU that the sampler shares with the evaluator, `share_gpus_with_evaluator` makes the sampler hold
-the evaluator's device share around each device call, so that no kernel is timed while the policy samples.
+"""The evaluator's work in flight, for the round loop of kevin_jax.env.episode: each group's answers handed over at
+once (`Evaluations.submit`: cuda_eval.api's Evaluator.submit, a future per request; compiles on CPU workers, runs on
+the GPU pool), and taken back when all of a batch's verdicts are in (`Evaluations.next_done`), each a plain dict; a
+failed evaluation (the evaluator raised, or returned something that is not this request's verdict) becomes a failure
+verdict, so nothing is lost. Also: the step's timings (PartTiming, StepTiming), the pipeline groups
+(`split_groups`), and the GPU the sampler shares with the evaluator (`share_gpus_with_evaluator`: the sampler holds
+the evaluator's device share around each device call, so that no kernel is timed while the policy samples).
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -41,14 +27,14 @@ PROGRESS_EVERY_S = 30.0
 
 @dataclasses.dataclass
 class PartTiming:
-    """When one part's stages happened, in seconds from the start of the step's episode."""
+    """When the stages of one group's round (a "part" of the step) happened, in seconds from the episode's start."""
     group: int
     round: int
     requests: int = 0
     sample_start: float = 0.0   # the policy call (with decoding and parsing of its answers)
     sample_end: float = 0.0
     submitted: float = 0.0      # the answers handed to the evaluator
-    verdicts_in: float = 0.0    # the last verdict of the part arrived
+    verdicts_in: float = 0.0    # the last verdict of the round arrived
     scored: float = 0.0         # turns recorded, the group's next prompts rendered
     failures: int = 0           # requests whose evaluation failed (they got a failure verdict)
 
@@ -83,19 +69,6 @@ class StepTiming:
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "wall_over_max": self.wall_over_max}
-
-
-@dataclasses.dataclass(eq=False)
-class Part:
-    """One pipeline group's round. `state` is the environment's (its trajectories, prompts, answers); the scheduler
-    fills `requests`, `verdicts` (plain dicts, one per request, in order) and `timing`."""
-    group: int
-    round: int
-    state: Any
-    requests: list[EvalRequest] = dataclasses.field(default_factory=list)
-    verdicts: list[dict] = dataclasses.field(default_factory=list)
-    timing: PartTiming | None = None
-    futures: list[concurrent.futures.Future] = dataclasses.field(default_factory=list, repr=False)
 
 
 def split_groups(items: Sequence[Any], groups: int) -> list[list[Any]]:
@@ -169,72 +142,39 @@ class _Submitter:
             self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-class Scheduler:
-    """Runs parts through the policy (`sample`, on the caller's thread) and the evaluator (asynchronously), scoring
-    each part as its verdicts arrive. overlap=False: each part's evaluation is awaited before the next policy call
-    (the sequential runner). `mode` names the evaluator's mode in failure verdicts."""
+@dataclasses.dataclass(eq=False)
+class Submission:
+    """One batch of requests in flight (a group's round), for `owner`; `verdicts` (plain dicts, one per request, in
+    order) once all are in. Its times go into `timing`."""
+    owner: Any
+    requests: list[EvalRequest]
+    timing: PartTiming
+    futures: list[concurrent.futures.Future] = dataclasses.field(default_factory=list, repr=False)
+    verdicts: list[dict] = dataclasses.field(default_factory=list)
 
-    def __init__(self, evaluator: Any, overlap: bool, mode: str = "full"):
-        self.evaluator = evaluator
-        self.overlap = overlap
+
+class Evaluations:
+    """Batches of requests in flight. `clock()` gives the times recorded in each batch's PartTiming (the episode's
+    seconds); `mode` names the evaluator's mode in failure verdicts."""
+
+    def __init__(self, evaluator: Any, mode: str = "full", clock: Callable[[], float] = time.perf_counter):
         self.mode = mode
+        self.clock = clock
+        self.in_flight = 0
+        self._done: queue.SimpleQueue[Submission] = queue.SimpleQueue()
+        self._submitter = _Submitter(evaluator)
 
-    def run(self, parts: Iterable[Part], sample: Callable[[Part], list[EvalRequest]],
-            score: Callable[[Part], Part | None], groups: int = 1, start: float | None = None) -> StepTiming:
-        """sample(part) -> the part's evaluation requests (it calls the policy); score(part) -> the group's next part
-        or None (it reads part.verdicts). Parts are sampled in the order they become ready. Times count from `start`
-        (a time.perf_counter() value; default: now)."""
-        self._start = time.perf_counter() if start is None else start
-        ready = collections.deque(parts)
-        finished: queue.SimpleQueue[Part] = queue.SimpleQueue()
-        submitter = _Submitter(self.evaluator)
-        done: list[PartTiming] = []
-        in_flight = 0
+    def submit(self, requests: list[EvalRequest], timing: PartTiming, owner: Any = None) -> Submission:
+        """Hands the batch to the evaluator (a submission that raises gives each request a failure verdict)."""
+        submission = Submission(owner, list(requests), timing)
+        timing.submitted = self.clock()
+        timing.requests = len(requests)
         try:
-            while ready or in_flight:
-                block = True
-                if ready and (self.overlap or not in_flight):
-                    self._launch(ready.popleft(), sample, submitter, finished)
-                    in_flight += 1
-                    block = False
-                while in_flight:     # score what is in (waiting only when nothing can be sampled meanwhile)
-                    part = self._next_finished(finished, block, in_flight)
-                    if part is None:
-                        break
-                    in_flight -= 1
-                    block = False
-                    self._collect(part)
-                    following = score(part)
-                    part.timing.scored = self._now()
-                    done.append(part.timing)
-                    if following is not None:
-                        ready.append(following)
-        finally:
-            submitter.close()
-        wall = self._now()
-        total = sum(p.requests for p in done)
-        failures = sum(p.failures for p in done)
-        if total and failures == total:
-            raise RuntimeError(f"the evaluator failed on all {total} requests of the step (see the errors above); "
-                               "no verdict to learn from")
-        return StepTiming(wall_s=wall, sampling_s=sum(p.sample_s for p in done),
-                          evaluation_s=interval_union((p.submitted, p.verdicts_in) for p in done),
-                          overlap=self.overlap, groups=groups, parts=done)
-
-    def _now(self) -> float:
-        return time.perf_counter() - self._start
-
-    def _launch(self, part: Part, sample, submitter: _Submitter, finished: queue.SimpleQueue) -> None:
-        timing = part.timing = PartTiming(part.group, part.round)
-        timing.sample_start = self._now()
-        part.requests = list(sample(part))
-        timing.sample_end = timing.submitted = self._now()
-        timing.requests = len(part.requests)
-        try:
-            part.futures = submitter.submit(part.requests)
-        except Exception as e:  # noqa: BLE001 - every request of the part gets a failure verdict
-            part.futures = [_failed_future(e) for _ in part.requests]
-        remaining = [len(part.futures)]
+            submission.futures = self._submitter.submit(submission.requests)
+        except Exception as e:  # noqa: BLE001 - every request of the batch gets a failure verdict
+            submission.futures = [_failed_future(e) for _ in submission.requests]
+        self.in_flight += 1
+        remaining = [len(submission.futures)]
         lock = threading.Lock()
 
         def on_done(_future) -> None:
@@ -242,33 +182,47 @@ class Scheduler:
                 remaining[0] -= 1
                 last = remaining[0] == 0
             if last:
-                timing.verdicts_in = self._now()
-                finished.put(part)
-        if not part.futures:
-            timing.verdicts_in = self._now()
-            finished.put(part)
-        for future in part.futures:
+                timing.verdicts_in = self.clock()
+                self._done.put(submission)
+        if not submission.futures:
+            timing.verdicts_in = self.clock()
+            self._done.put(submission)
+        for future in submission.futures:
             future.add_done_callback(on_done)
+        return submission
 
-    def _next_finished(self, finished: queue.SimpleQueue, block: bool, in_flight: int) -> Part | None:
-        if not block:
+    def next_done(self, block: bool) -> Submission | None:
+        """A batch whose verdicts are all in, with `verdicts` filled; None when none is and block is False. A long
+        wait says so in the log every PROGRESS_EVERY_S (cold compiles take minutes: not a hang)."""
+        if not self.in_flight:
+            return None
+        if block:
+            waited = time.perf_counter()
+            while True:
+                try:
+                    submission = self._done.get(timeout=PROGRESS_EVERY_S)
+                    break
+                except queue.Empty:
+                    log.info("waiting for %d evaluation(s) after %.0f s", self.in_flight,
+                             time.perf_counter() - waited)
+        else:
             try:
-                return finished.get_nowait()
+                submission = self._done.get_nowait()
             except queue.Empty:
                 return None
-        waited = time.perf_counter()
-        while True:
-            try:
-                return finished.get(timeout=PROGRESS_EVERY_S)
-            except queue.Empty:
-                log.info("waiting for %d evaluation(s) after %.0f s", in_flight, time.perf_counter() - waited)
+        self.in_flight -= 1
+        self._collect(submission)
+        return submission
 
-    def _collect(self, part: Part) -> None:
-        """The part's verdicts as plain dicts; a failed or malformed one becomes a failure verdict (nothing lost)."""
+    def close(self) -> None:
+        self._submitter.close()
+
+    def _collect(self, submission: Submission) -> None:
+        """The verdicts as plain dicts; a failed or malformed one becomes a failure verdict (nothing lost)."""
         verdicts, errors = [], []
-        for request, future in zip(part.requests, part.futures):
+        for request, future in zip(submission.requests, submission.futures):
             try:
-                verdict = _as_dict(future.result())
+                verdict = verdict_dict(future.result())
                 if verdict.get("request_id") not in (None, "", request.request_id):
                     raise ValueError(f"a verdict for request {verdict.get('request_id')!r} came back for "
                                      f"{request.request_id!r}")
@@ -277,11 +231,12 @@ class Scheduler:
                 errors.append(error)
                 verdict = failed_verdict(request, error, self.mode, format_ok=bool(request.response))
             verdicts.append(verdict)
-        part.verdicts = verdicts
-        part.timing.failures = len(errors)
+        submission.verdicts = verdicts
+        submission.timing.failures = len(errors)
         if errors:
             log.error("round %d, group %d: the evaluation of %d of %d answers failed (they get a failure verdict, "
-                      "scored 0); first error: %s", part.round, part.group, len(errors), len(verdicts), errors[0])
+                      "scored 0); first error: %s", submission.timing.round, submission.timing.group, len(errors),
+                      len(verdicts), errors[0])
 
 
 def _failed_future(error: BaseException) -> concurrent.futures.Future:
@@ -290,7 +245,8 @@ def _failed_future(error: BaseException) -> concurrent.futures.Future:
     return future
 
 
-def _as_dict(verdict: Any) -> dict:
+def verdict_dict(verdict: Any) -> dict:
+    """A verdict as the plain dict a Turn holds (EvalResult.to_dict(), or a copy of a mapping)."""
     if hasattr(verdict, "to_dict"):
         return verdict.to_dict()
     if isinstance(verdict, Mapping):

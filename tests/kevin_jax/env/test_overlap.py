@@ -1,7 +1,7 @@
-"""The overlapped episode runner (kevin_jax/env/scheduler.py): the same trajectories as the sequential runner whatever
-order the verdicts come back in, generation really overlapping evaluation (shown by event order, not wall-clock
-bounds), failed evaluations kept as clear verdicts, and the sampler's device guard on a GPU shared with the
-evaluator. Fakes are named Fake...; all on the CPU, in seconds."""
+"""The overlapped round loop (kevin_jax/env/episode.py, kevin_jax/env/submissions.py): the same trajectories as the
+sequential runner whatever order the verdicts come back in, generation really overlapping evaluation (shown by event
+order, not wall-clock bounds), failed evaluations kept as clear verdicts, and the sampler's device guard on a GPU
+shared with the evaluator. Fakes are named Fake...; all on the CPU, in seconds."""
 import concurrent.futures
 import contextlib
 import logging
@@ -17,7 +17,7 @@ from cuda_eval.api import EvalResult
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner, round_seed
 from kevin_jax.env.policy import Generation
 from kevin_jax.env.reward import RewardConfig
-from kevin_jax.env.scheduler import interval_union, share_gpus_with_evaluator, split_groups
+from kevin_jax.env.submissions import interval_union, share_gpus_with_evaluator, split_groups
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
 TASKS = load_builtin_tasks()
