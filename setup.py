@@ -7,9 +7,9 @@ native = Pybind11Extension(
     "cuda_eval._native",
     # The sources live in native_src/, not _native/: a directory named like the module would be imported as an
     # empty namespace package whenever the built .so is missing (docs/EVALUATOR.md, "Known limits").
-    sources=["cuda_eval/native_src/module.cpp", "cuda_eval/native_src/sandbox.cpp",
-             "cuda_eval/native_src/cuda_timer.cpp"],
-    include_dirs=["cuda_eval/native_src"],
+    sources=["cuda_eval/sandbox/native_src/module.cpp", "cuda_eval/sandbox/native_src/sandbox.cpp",
+             "cuda_eval/sandbox/native_src/cuda_timer.cpp"],
+    include_dirs=["cuda_eval/sandbox/native_src"],
     cxx_std=17,
     extra_compile_args=["-O2", "-Wall"],
     libraries=["dl"],

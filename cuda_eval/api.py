@@ -4,7 +4,7 @@
         results = ev.evaluate(requests)       # blocking, order preserved
         futures = ev.submit(requests)         # concurrent.futures, one per request
 
-Pipeline per request: extract the program from the response (candidate.extract_code) -> static policy (checks.py)
+Pipeline per request: extract the program from the response (static/extraction.py) -> static policy (static/checks.py)
 -> compile pool (CPU workers, cached builds) -> GPU pool (pre-started workers, one candidate per GPU at a
 time) -> [re-timing in a fresh process when the speedup is suspiciously large] -> EvalResult + feedback. Compiles
 and GPU runs overlap: whenever a compile finishes its run is queued, so GPUs never wait for nvcc while work is
@@ -46,7 +46,7 @@ class EvalConfig:
     devices: Any = "all"                # GPU indices: "all", "0,1", [0, 1] or 0
     cpu_workers: int = 1                # parallel candidates in CPU mode
     cpu_threads: int = 1                # torch threads of a CPU-mode worker
-    # compilation (compile_pool.py)
+    # compilation (compile/pool.py)
     compile_workers: int = 0            # 0 = one per CPU core
     arch: str = "auto"                  # "auto" (the GPU in use; sm_90 without one) or e.g. "sm_90"
     cache_dir: str = ""                 # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache (sandbox-readable)
@@ -98,7 +98,7 @@ class EvalConfig:
     retime_speedup_threshold: float = 5.0   # re-time in a fresh process above this speedup (0 = never)
     retime_min_ratio: float = 0.5           # flag if the fresh speedup is below this fraction of the first
     max_feedback_chars: int = 3000
-    # profile feedback (kernel_profile.py; docs/EVALUATOR.md, "Profile feedback"): a correct, unflagged candidate of
+    # profile feedback (profile/; docs/EVALUATOR.md, "Profile feedback"): a correct, unflagged candidate of
     # a request with feedback="profile" is profiled after its verdict is complete; kernel_profile=True profiles every
     # such candidate (launch/eval.py --profile). Advisory: never changes a verdict or a score.
     kernel_profile: bool = False

@@ -4,7 +4,7 @@
         outcome = pool.submit(task_source, code).result()    # CompileOutcome (plain data)
 
 Per candidate: record its extension specs in a sandboxed `python -m cuda_eval.worker.record` (candidate executed on the CPU
-with load_inline intercepted, timeout record_timeout_s), then for every spec: a cache hit, or our build (build.py)
+with load_inline intercepted, timeout record_timeout_s), then for every spec: a cache hit, or our build (builder.py)
 in a fresh sandboxed build dir within compile_timeout_s, published into the content-addressed cache. Identical
 specs requested concurrently are built once. A bad candidate (infinite loop, fork bomb, huge allocation, compiler
 hang) costs at most its own timeouts; the other workers keep going.

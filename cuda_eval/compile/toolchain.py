@@ -32,7 +32,7 @@ import cuda_eval
 from cuda_eval.sandbox import safe_dirs
 from cuda_eval.static import flag_policy
 
-# Bump when build.py changes what it produces for the same inputs (it addresses the cache).
+# Bump when the build (builder.py and its parts) changes what it produces for the same inputs (it addresses the cache).
 RECIPE_VERSION = "3"
 DEFAULT_ARCH = "sm_90"
 

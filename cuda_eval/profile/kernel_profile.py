@@ -1,7 +1,7 @@
 """Profile feedback, the plain-data half: occupancy, cuobjdump's resource usage, the profiler's trace, the summary
 stored in a verdict (EvalResult.meta["kernel_profile"]) and its texts. No torch here: api.py and feedback.py import
 it in the trainer's process. The half that runs forwards under the profiler is kernel_profiler.py (judge and
-worker only). Not to be confused with profiles.py, the *evaluation* profiles (kevin | kernelbench | strict).
+worker only). Not to be confused with scoring.py, the *evaluation* profiles (kevin | kernelbench | strict).
 
 Where each number comes from (docs/EVALUATOR.md, "Profile feedback"):
 - per kernel: GPU time, launches, grid, block and shared memory (static + dynamic) and registers per thread from

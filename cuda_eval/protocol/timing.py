@@ -8,7 +8,7 @@
   stream. If the host could not queue a group before the gate opened, the group is measured again behind a longer
   gate; a call that waits for the device itself (a synchronise, an .item()) cannot be queued ahead and is measured
   as it runs (meta says so). Work a candidate leaves on other streams is not in the measurement: the fork check and
-  the kernel trace (worker.py) flag it.
+  the kernel trace (worker/) flag it.
 - "device_sync": per repetition flush, synchronise the whole device, start event, call, synchronise the whole device
   again, end event (work on any stream is inside, and so are the host's launch latency and its delays).
 - "kernelbench": KernelBench's cuda_event protocol (src/kernelbench/timing.py at its main): 3 synchronised warm-up

@@ -22,7 +22,7 @@ Its identity (IdentityConfig, set by `configure()`; `isolation()` reports what i
   ends setsid'ed escapees, it gets an empty network namespace (no network, not even loopback) and an IPC namespace of
   its own (its SysV IPC and POSIX message queues die with it) when the kernel lets us create them (else message
   queues are refused to it and its IPC objects swept). What the uid cannot read (an interpreter under /root, a clone
-  in a private folder with its .venv) is staged for it (sandbox_runtime.py). Fail closed: if a dedicated uid cannot be
+  in a private folder with its .venv) is staged for it (sandbox/runtime.py). Fail closed: if a dedicated uid cannot be
   used, nothing runs (`SandboxUnavailable`); candidates never run as root;
 - not root ("namespaces", where the kernel gives unprivileged processes user namespaces): our own uid, in new user,
   mount, PID, network and IPC namespaces: every mount read-only except its work dir, a /proc that shows its own

@@ -8,7 +8,7 @@ KernelBench's users found: assignments that monkeypatch torch/time/builtins, thr
 escapes (C++ that reaches the loader, threads, processes or raw syscalls: dlsym/dlopen, pthread_create, clone, fork,
 exec*, system/popen, syscall; Python that forks, execs or loads C through ctypes/cffi).
 
-The dynamic checks in worker.py catch what static analysis cannot (ops reached through helpers we cannot resolve,
+The dynamic checks in worker/ catch what static analysis cannot (ops reached through helpers we cannot resolve,
 C++ wrappers calling ATen, kernels never launched); these static flags are cheap and let the evaluator skip the GPU.
 
 Also exported: `cuda_kernel_names(sources)`, the `__global__` function names of CUDA sources (the worker uses them
@@ -50,7 +50,7 @@ FLAG_CODES: dict[str, str] = {
     "harness_access": "reaches the evaluator's own code (cuda_eval), the interpreter's frames or profile hooks, or "
                       "torch's dispatch, profiler or private timing switches (statically, through aliases, getattr "
                       "and sys.modules too; or, in the worker, switches the op tracer off during a call)",
-    # dynamic (worker.py)
+    # dynamic (worker/)
     "no_custom_kernel": "forward never ran the candidate's own kernel",
     "torch_compute_in_forward": "forward ran PyTorch compute ops from Python",
     "reference_op": "forward ran the reference's own PyTorch compute ops (in Python or in the C++ wrapper)",
@@ -66,7 +66,7 @@ FLAG_CODES: dict[str, str] = {
     "background_thread": "threads left running after forward",
     "calls_reference_model": "forward executed the reference Model's code",
     "speedup_not_reproduced": "the speedup did not hold when re-timed in a fresh process",
-    # judge (judge.py)
+    # judge (judge/job.py)
     "timing_inconsistent": "the judge's clock, or the kernel trace of the calls, shows far more time than the "
                            "candidate reported (or less than an empty call takes)",
     "timed_output_mismatch": "the output of a timed call, picked by the judge after the call, was wrong (the timed "
@@ -187,7 +187,7 @@ class StaticPolicy:
     @classmethod
     def named(cls, name: str) -> "StaticPolicy":
         """'kevin' (default), 'cpu' (Kevin's without the __global__ rule: CPU-mode C++ candidates), 'kernelbench'
-        (Kevin's plus KernelBench's `pass` rule: profiles.py decides which flags reject), 'off'."""
+        (Kevin's plus KernelBench's `pass` rule: scoring.py decides which flags reject), 'off'."""
         if name == "kevin":
             return cls()
         if name == "kernelbench":

@@ -272,7 +272,7 @@ def _links(chain):
 
 def static_record_specs(code: str) -> list[ExtensionSpec] | None:
     """The extensions a program builds, read from its source without running it, when that reading is complete:
-    the specs the recording (cuda_eval.record) would give, in its order, or None when the program must be recorded.
+    the specs the recording (worker/record.py) would give, in its order, or None when the program must be recorded.
 
     Complete means that importing the program runs nothing of its own before or between its builds, and that its
     builds are plain to see: it compiles (ast and compile(), so every syntax error the interpreter reports is the

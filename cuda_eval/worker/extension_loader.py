@@ -86,7 +86,7 @@ def record_extensions(sink: list) -> _Patch:
     def load(*args, **kwargs):
         return record(spec_from_load(*args, **kwargs))
 
-    load_inline.__wrapped_by__ = load.__wrapped_by__ = "cuda_eval.candidate.record_extensions"
+    load_inline.__wrapped_by__ = load.__wrapped_by__ = "cuda_eval.worker.extension_loader.record_extensions"
     return _Patch(load_inline, load)
 
 

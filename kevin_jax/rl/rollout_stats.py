@@ -88,7 +88,7 @@ def rollout_scalars(trajectories: Sequence[Trajectory], num_turns: int, thought_
                 "compiled_rate": _mean(t.compiled for t in turns),
                 "hack_flag_rate": _mean(t.flagged for t in turns),
                 # speedups timed while the GPU ran the cached reference REF_DRIFT x slower than when it was cached
-                # (another process on the GPU: cuda_eval.judge.Job._cached_reference_holds); should stay 0
+                # (another process on the GPU: cuda_eval.judge.job.Job._cached_reference_holds); should stay 0
                 "timing_contended_rate": _mean(bool((t.verdict.get("meta") or {}).get("timing_contended"))
                                                for t in turns if t.verdict.get("speedup")),
                 "return_mean": float(returns.mean()), "return_std": float(returns.std()),

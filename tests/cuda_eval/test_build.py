@@ -1,4 +1,4 @@
-"""Our build of extensions (cuda_eval.build + toolchain): generated sources, flags, logs, and real small builds."""
+"""Our build of extensions (cuda_eval.compile: builder and toolchain): generated sources, flags, logs, and real small builds."""
 import os
 
 import pytest

@@ -1,6 +1,6 @@
 """A clone in a private (0700) folder with its .venv inside, as README's set-up gives whenever the user clones into
 `mktemp -d` or under /root: the sandbox uid cannot read the interpreter, site-packages (torch) or this package, which
-are staged for it (cuda_eval.sandbox_runtime); nothing is made readable in place and nothing runs as root.
+are staged for it (cuda_eval.sandbox.runtime); nothing is made readable in place and nothing runs as root.
 
 The reproduction: the same layout as CI's `python3 -m venv .venv; pip install -r requirements.txt` in the private
 clone, built in seconds: the package copied, our venv hard-linked file by file (same inodes, so same modes) and its

@@ -1,4 +1,4 @@
-"""What a sandbox uid can read, and the staged runtime used when it cannot read ours (cuda_eval.sandbox_runtime)."""
+"""What a sandbox uid can read, and the staged runtime used when it cannot read ours (cuda_eval.sandbox.runtime)."""
 import json
 import os
 import stat
