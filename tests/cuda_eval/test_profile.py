@@ -1,5 +1,5 @@
-"""Profile feedback's plain-data half (cuda_eval/kernel_profile.py) and the feedback text: occupancy against CUDA's
-own calculator, cuobjdump's resource usage (recorded, and from a real nvcc build when cuobjdump is there), kernel
+"""Profile feedback's plain-data half (cuda_eval/profile/kernel_profile.py) and the feedback text: occupancy against
+CUDA's own calculator, cuobjdump's resource usage (recorded, and from a real nvcc build when cuobjdump is there), kernel
 names, the profiler's trace, sanitising what a worker sends, and the texts rendered from recorded profiles."""
 import json
 import math

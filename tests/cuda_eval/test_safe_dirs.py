@@ -1,5 +1,5 @@
-"""Directories the evaluator writes into or trusts (cuda_eval/safe_dirs.py): one that another uid created first, or a
-symbolic link planted on the way, is refused with a message that says how to fix it, never adopted."""
+"""Directories the evaluator writes into or trusts (cuda_eval/sandbox/safe_dirs.py): one that another uid created first,
+or a symbolic link planted on the way, is refused with a message that says how to fix it, never adopted."""
 import glob
 import json
 import os
