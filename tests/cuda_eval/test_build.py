@@ -1,9 +1,9 @@
-"""Our build of extensions (cuda_eval.compile: builder and toolchain): generated sources, flags, logs, and real small builds."""
+"""Our build of extensions (cuda_eval.compile): generated sources, flags, logs, and real small builds."""
 import os
 
 import pytest
 
-from cuda_eval.compile import glue, nvcc, sources, toolchain as tcmod
+from cuda_eval.compile import glue as glue_mod, nvcc, sources, toolchain as tcmod
 from cuda_eval.compile.builder import BuildConfig, Builder, BuildError
 from cuda_eval.protocol.extension_spec import ExtensionSpec, spec_from_load_inline
 from cuda_eval.worker.extension_loader import import_extension
@@ -96,23 +96,23 @@ def test_glue_plan_reads_plain_declarations(toolchain):
     cpp = ("#include <torch/extension.h>\n// entry points\n"
            "torch::Tensor f(torch::Tensor x, const at::Tensor& y, double s, int64_t n = 3);\n"
            "std::vector<torch::Tensor> g(std::vector<torch::Tensor> xs, bool flag);")
-    plan, why = glue.glue_plan(glue(cpp, ("f", "g")), toolchain)
+    plan, why = glue_mod.glue_plan(glue(cpp, ("f", "g")), toolchain)
     assert why == "" and plan.signatures == (
         "::at::Tensor (*)(::at::Tensor, const ::at::Tensor &, double, ::std::int64_t)",
         "::std::vector < ::at::Tensor > (*)(::std::vector < ::at::Tensor >, bool)")
     # the candidate's lines are kept verbatim (their own #line), only the torch include is swapped for the prelude
     assert '#line 1 "cpp_sources[0]"' in plan.glue_text and "torch/extension.h" not in plan.glue_text
-    assert f'#include "{glue.GLUE_PRELUDE}"' in plan.glue_text
+    assert f'#include "{glue_mod.GLUE_PRELUDE}"' in plan.glue_text
     assert 'static_assert(::std::is_same<decltype(&f), ::at::Tensor (*)(' in plan.glue_text
     assert "PyInit_ext()" in plan.glue_text and "PyInit_ext" not in plan.binding_text  # no extension named there
     assert plan.binding_text.startswith("#include <torch/extension.h>\n")
     assert "m.def(kj_names[1], torch::wrap_pybind_function(*reinterpret_cast<kj_sig_1>(kj_fns[1])), kj_docs[1]);" \
         in plan.binding_text
     # the same signatures share one binding (and its key), whatever the names; the error-handling mode does not
-    other, _ = glue.glue_plan(spec_from_load_inline(name="other", cpp_sources=cpp.replace(" f(", " h(").replace(
+    other, _ = glue_mod.glue_plan(spec_from_load_inline(name="other", cpp_sources=cpp.replace(" f(", " h(").replace(
         " g(", " i("), cuda_sources="", functions=["h", "i"]), toolchain)
     assert other.key == plan.key and other.binding_text == plan.binding_text
-    plain, _ = glue.glue_plan(glue(cpp, ("f", "g"), with_pytorch_error_handling=False), toolchain)
+    plain, _ = glue_mod.glue_plan(glue(cpp, ("f", "g"), with_pytorch_error_handling=False), toolchain)
     assert plain.key != plan.key and "m.def(kj_names[0], *reinterpret_cast<kj_sig_0>(kj_fns[0]), kj_docs[0]);" \
         in plain.binding_text
 
@@ -133,18 +133,18 @@ def test_glue_plan_reads_plain_declarations(toolchain):
     ("torch::Tensor f(torch::Tensor x);", ("f", "f\" ")),                       # not an identifier
 ])
 def test_glue_plan_refuses_what_could_differ(toolchain, cpp, functions):
-    plan, why = glue.glue_plan(glue(cpp, functions), toolchain)
+    plan, why = glue_mod.glue_plan(glue(cpp, functions), toolchain)
     assert plan is None and why, cpp
 
 
 def test_glue_plan_refuses_odd_modules_and_docstrings(toolchain):
     cpp = "torch::Tensor f(torch::Tensor x);"
     for kw in ({"no_implicit_headers": True}, {"is_python_module": False}, {"extra_include_paths": ["/tmp"]}):
-        assert glue.glue_plan(glue(cpp, **kw), toolchain)[0] is None, kw
+        assert glue_mod.glue_plan(glue(cpp, **kw), toolchain)[0] is None, kw
     quoted = spec_from_load_inline(name="ext", cpp_sources=cpp, functions={"f": 'say "hi"'})
-    assert glue.glue_plan(quoted, toolchain)[0] is None
+    assert glue_mod.glue_plan(quoted, toolchain)[0] is None
     import dataclasses
-    assert glue.glue_plan(glue(cpp), dataclasses.replace(toolchain, headers_use_extension_name=True))[0] is None
+    assert glue_mod.glue_plan(glue(cpp), dataclasses.replace(toolchain, headers_use_extension_name=True))[0] is None
 
 
 # --- logs --------------------------------------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ def test_glue_binding_behaves_as_load_inlines_main_cpp(toolchain, sandbox_tmp):
                                     cuda_sources=GLUE_CU.replace("axpy", "axpy2"), functions=["axpy2", "pair"])
     again = Builder(toolchain, cache, config=BuildConfig(use_pch=False)).build(renamed, str(sandbox_tmp / "two"), 900)
     assert again.ok and again.binding_mode == "glue"
-    assert f"{glue.BINDING_OBJECT} (cached)" in [p.name for p in again.phases]
+    assert f"{glue_mod.BINDING_OBJECT} (cached)" in [p.name for p in again.phases]
 
 
 @pytest.mark.nvcc
@@ -398,7 +398,7 @@ def test_glue_failure_falls_back_to_the_exact_main_cpp(toolchain, sandbox_tmp):
     fails its signature check, and the verdict is the exact main.cpp's (load_inline's own error)."""
     cpp = "torch::Tensor f(torch::Tensor x);\ntorch::Tensor f(torch::Tensor x, torch::Tensor y = torch::Tensor());\n"
     spec = spec_from_load_inline(name="glue_bad", cpp_sources=cpp, functions=["f"], with_cuda=False)
-    assert glue.glue_plan(spec, toolchain)[0] is not None
+    assert glue_mod.glue_plan(spec, toolchain)[0] is not None
     result = Builder(toolchain, None, config=BuildConfig(use_pch=False)).build(spec, str(sandbox_tmp / "b"), 900)
     assert not result.ok and result.error_kind == "compile_error"
     assert result.binding_mode == "glue_failed_exact" and "glue unit did not compile" in result.binding_failure
