@@ -116,10 +116,12 @@ class _HostDevice:
 
 
 def _bare_job(input_bytes: int, output_bytes: int, **fields):
+    from cuda_eval.api import EvalConfig, job_config
     from cuda_eval.judge.job import Job
     job = Job.__new__(Job)   # no socket, no task: the judge's own arithmetic only
     job.device, job.flags, job.meta, job.groups, job.revealed = _HostDevice(), [], {}, [], []
-    job.cfg, job.dyn, job.deadline, job.digest_key = {}, {}, None, 1234
+    job.settings = job_config(EvalConfig(), kernel_profile=False, profile_tools={"cuobjdump": None})
+    job.deadline, job.digest_key = None, 1234
     job.input_bytes, job.output_bytes, job.param_bytes = input_bytes, output_bytes, 0
     job.group_method, job.gate_ms = "gated", 1.0
     job.__dict__.update(fields)
