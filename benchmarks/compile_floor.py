@@ -84,9 +84,9 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="compile_floor-") as tmp:
         work = pathlib.Path(tmp)
-        sources, header = units(args.candidate, tc)
+        unit_texts, header = units(args.candidate, tc)
         (work / sources.LIGHT_HEADER).write_text(header)
-        for k, (label, src) in enumerate(sources.items()):
+        for k, (label, src) in enumerate(unit_texts.items()):
             cu = work / f"unit{k}.cu"
             cu.write_text(src)
             pre = subprocess.run(["g++", std, "-x", "c++", "-E", str(cu), f"-I{work}", *includes],
