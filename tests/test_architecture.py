@@ -1,6 +1,7 @@
 """The layout of cuda_eval is its architecture: docs/ARCHITECTURE.md's map names every module (and nothing that is
 gone), only worker/ runs candidate code and nothing outside it imports it, and kevin_jax reaches the evaluator only
 through cuda_eval.api. The import graph is test_import_cycles.py's (function-level imports count)."""
+import ast
 import re
 from pathlib import Path
 
@@ -85,3 +86,12 @@ def test_kevin_jax_reaches_cuda_eval_only_through_the_api(graph):
     bad = {m: sorted(e for e in edges if e.startswith("cuda_eval") and e not in ("cuda_eval", "cuda_eval.api"))
            for m, edges in graph.items() if m.startswith("kevin_jax")}
     assert not any(bad.values()), {m: e for m, e in bad.items() if e}
+
+
+def test_the_static_reading_imports_no_torch():
+    """static/ reads the candidate as text in the trainer's process (JAX there; torch lives in the workers)."""
+    for path in sorted((PACKAGE / "static").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.split(".")[0] == "torch"], f"{path.name} imports torch"
