@@ -1,4 +1,5 @@
-"""The timing methods of cuda_eval.protocol.timing under a busy CPU, in one process: does a time move when every core is busy?
+"""The timing methods of cuda_eval.protocol.timing under a busy CPU, in one process: does a time move when every core
+is busy?
 
     python benchmarks/timing_gate_check.py --out $OUT/timing_gate_check.json        # ~1 min on an H100 + 16 cores
 

@@ -3,11 +3,11 @@
     with CompilePool(CompileConfig(workers=16)) as pool:
         outcome = pool.submit(task_source, code).result()    # CompileOutcome (plain data)
 
-Per candidate: record its extension specs in a sandboxed `python -m cuda_eval.worker.record` (candidate executed on the CPU
-with load_inline intercepted, timeout record_timeout_s), then for every spec: a cache hit, or our build (builder.py)
-in a fresh sandboxed build dir within compile_timeout_s, published into the content-addressed cache. Identical
-specs requested concurrently are built once. A bad candidate (infinite loop, fork bomb, huge allocation, compiler
-hang) costs at most its own timeouts; the other workers keep going.
+Per candidate: record its extension specs in a sandboxed `python -m cuda_eval.worker.record` (candidate executed on the
+CPU with load_inline intercepted, timeout record_timeout_s), then for every spec: a cache hit, or our build (builder.py)
+in a fresh sandboxed build dir within compile_timeout_s, published into the content-addressed cache. Identical specs
+requested concurrently are built once. A bad candidate (infinite loop, fork bomb, huge allocation, compiler hang) costs
+at most its own timeouts; the other workers keep going.
 
 Works without a GPU (the arch comes from the config, default sm_90): that is the evaluator's "compile_only" mode.
 The process hosting the pool never imports torch (the toolchain is described by a helper subprocess, once).
@@ -316,7 +316,8 @@ class CompilePool:
                                   nice=COMPILE_NICE)
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": "", "TORCH_EXTENSIONS_DIR": os.path.join(rec_dir, "torch_extensions")}
-        res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.worker.record", rec_dir], rec_dir, limits, extra_env=env)
+        res = sb.run_sandboxed([sys.executable, "-m", "cuda_eval.worker.record", rec_dir], rec_dir, limits,
+                               extra_env=env)
         outcome.timings["record_s"] = round(res["wall_s"], 4)
         outcome.timings["record_cpu_s"] = round(res["cpu_s"], 4)
         owner = res.get("uid") if res.get("uid") is not None else os.geteuid()

@@ -1,11 +1,11 @@
 """The build toolchain: versions that address the cache, and compiler flags taken from the installed torch.
 
-Flags are never hard-coded: a helper subprocess (`python -m cuda_eval.compile.toolchain`, trusted code only: the caller's
-process must not import torch) asks torch.utils.cpp_extension itself to write the ninja file it would use for a
-template extension whose user flags are placeholders, for each combination of the two conditional rules torch
-applies (user arch flags suppress torch's -gencode; a user -std= suppresses torch's). Per candidate, the template is
-filled in with its name and flags (`Toolchain.flags`). The helper's answer is cached in-process and on disk (keyed
-by the torch install, nvcc, the C++ compiler and the arch), so it runs once per machine.
+Flags are never hard-coded: a helper subprocess (`python -m cuda_eval.compile.toolchain`, trusted code only: the
+caller's process must not import torch) asks torch.utils.cpp_extension itself to write the ninja file it would use for a
+template extension whose user flags are placeholders, for each combination of the two conditional rules torch applies
+(user arch flags suppress torch's -gencode; a user -std= suppresses torch's). Per candidate, the template is filled in
+with its name and flags (`Toolchain.flags`). The helper's answer is cached in-process and on disk (keyed by the torch
+install, nvcc, the C++ compiler and the arch), so it runs once per machine.
 
 Also gathered once: the header facts the light-header build needs (the `namespace torch {...}` block of
 torch/types.h, the list of ATen/ops headers), and whether any torch header mentions TORCH_EXTENSION_NAME (if none
@@ -209,10 +209,11 @@ def detect(arch: str = "auto", *, cache_dir: str | None = None, python: str | No
     record_dir = os.path.join(cache_dir, "toolchain") if cache_dir else None
     data = _read_record(record_dir, f"{key}.json") if record_dir else None
     if data is None:
-        proc = subprocess.run([python, "-m", "cuda_eval.compile.toolchain", "--arch", arch], capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, "PYTHONPATH": _pythonpath()})
+        proc = subprocess.run([python, "-m", "cuda_eval.compile.toolchain", "--arch", arch], capture_output=True,
+                              text=True, timeout=timeout_s, env={**os.environ, "PYTHONPATH": _pythonpath()})
         if proc.returncode != 0:
-            raise RuntimeError(f"toolchain detection failed (python -m cuda_eval.compile.toolchain):\n{proc.stderr[-3000:]}")
+            raise RuntimeError("toolchain detection failed (python -m cuda_eval.compile.toolchain):\n"
+                               f"{proc.stderr[-3000:]}")
         data = json.loads(proc.stdout)
         if record_dir:
             _write_record(record_dir, f"{key}.json", data)

@@ -1,5 +1,5 @@
-"""Static reward-hack policy (cuda_eval.static.checks): each rule fires on the construct it targets and stays quiet on the
-honest idioms next to it."""
+"""Static reward-hack policy (cuda_eval.static.checks): each rule fires on the construct it targets and stays quiet on
+the honest idioms next to it."""
 import textwrap
 
 import pytest

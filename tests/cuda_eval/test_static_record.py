@@ -1,6 +1,6 @@
-"""The static record (cuda_eval.static.static_record.static_record_specs): the builds of a program read from its source, so that
-the compile stage need not run it. The reading must agree with the recording wherever it answers, and must decline
-(None: the program is recorded as before) wherever the program could build something else than it appears to."""
+"""The static record (cuda_eval.static.static_record.static_record_specs): the builds of a program read from its source,
+so that the compile stage need not run it. The reading must agree with the recording wherever it answers, and must
+decline (None: the program is recorded as before) wherever the program could build something else than it appears to."""
 import json
 import os
 import subprocess
@@ -179,8 +179,8 @@ def test_programs_an_adversary_wrote_against_the_reading_are_declined(path):
 
 
 def _record_in_subprocess(programs: list[tuple[str, str]], tmp_path) -> list[list[str]]:
-    """The spec keys cuda_eval.worker.record gives each (task, code) pair: one process records them all (our own programs,
-    trusted), so that torch is imported once."""
+    """The spec keys cuda_eval.worker.record gives each (task, code) pair: one process records them all (our own
+    programs, trusted), so that torch is imported once."""
     dirs = []
     for i, (task, code) in enumerate(programs):
         d = tmp_path / f"p{i}"
