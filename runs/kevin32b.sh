@@ -25,6 +25,9 @@
 # (/tmp/kevin32b), OUT (workdirs/kevin32b: logs, metrics, summary.txt), SHM (/dev/shm/kevin32b_ckpt), and a time
 # limit per stage in seconds: CHECKPOINT_S, SAMPLER_S, STEPS_S, RESUME_S.
 # Each stage appends its outcome to $OUT/summary.txt as it ends.
+# Measured on 4 x H100 (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first update"): checkpoint 53 s;
+# steps: load 16 s, the host state 265 s, step 1's sampling 120 s, then the update's compiles (more than 450 s in
+# all: give STEPS_S 900 or more); resume 282 s for both runs.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
