@@ -42,7 +42,7 @@ def main() -> None:
     from cuda_eval.protocol.harness import Device
     if not torch.cuda.is_available():
         sys.exit("needs a GPU")
-    device = Device("cuda", 1, None, who="gate_check", checks=False)
+    device = Device("cuda", 1, None, who="gate_check", checks=None)
     small, big = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 24, device="cuda")
 
     def chain(x=small):

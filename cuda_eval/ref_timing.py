@@ -43,8 +43,9 @@ class ReferenceTimingCache:
             try:
                 with open(self._path(digest)) as f:
                     on_disk = json.load(f)
-                if isinstance(on_disk, dict):
-                    found = {**on_disk, **found}
+                if isinstance(on_disk, dict):   # a damaged entry is dropped, not passed on to the judge
+                    found = {**{k: v for k, v in on_disk.items() if isinstance(k, str) and isinstance(v, dict)},
+                             **found}
             except (OSError, ValueError):
                 pass
         return found

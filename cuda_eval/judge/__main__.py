@@ -101,4 +101,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 
-main()
+if __name__ == "__main__":
+    main()

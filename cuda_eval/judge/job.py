@@ -819,7 +819,7 @@ class Job:
         reported = sum(sum(g["times"]) for g in self.groups)
         calls = sum(g["n"] for g in self.groups)
         self.meta["call_trace"] = {"busy_ms": round(busy, 4), "reported_ms": round(reported, 4), "calls": calls}
-        self._cap_by_trace(busy, reported)
+        self._cap_by_trace(busy, calls)
         if busy > WALL_TOLERANCE * reported + TRACE_SLACK_MS * calls:
             self.flag("timing_inconsistent", f"the GPU ran the candidate's kernels for {busy:.4g} ms during calls "
                                              f"reported as {reported:.4g} ms in all (kernel trace)")
@@ -837,14 +837,14 @@ class Job:
         if heavy and self.settings.dynamic.forbid_library_heavy_ops:
             self.flag("library_heavy_op", f"forward ran library GEMM/convolution kernels: {heavy[0][:120]}")
 
-    def _cap_by_trace(self, busy_ms: float, reported_ms: float) -> None:
-        """The GPU time of the candidate's kernels in the trace bounds the reward's time as the wall clock does: a
-        median reported lower than the trace allows is scaled up by the trace's excess over the reports, less
-        WALL_TOLERANCE (a forged timer that stays under the timing_inconsistent flag gains at most that)."""
+    def _cap_by_trace(self, busy_ms: float, calls: int) -> None:
+        """The GPU time of the candidate's kernels in the trace bounds the reward's time as the wall clock does: the
+        mean GPU time per call (every call traced, none told apart from the timed ones), less WALL_TOLERANCE, is the
+        least time that enters the reward, however the reported times are spread."""
         t = getattr(self, "timing", None)
-        if not t or reported_ms <= 0 or busy_ms <= reported_ms:
+        if not t or calls <= 0:
             return
-        traced_ms = t.get("reported_median_ms", t["median_ms"]) * busy_ms / reported_ms / WALL_TOLERANCE
+        traced_ms = busy_ms / calls / WALL_TOLERANCE
         t["trace_proven_ms"] = round(traced_ms, 6)
         if traced_ms > t["median_ms"]:
             t["median_ms"], t["capped"] = traced_ms, True

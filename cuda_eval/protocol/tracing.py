@@ -197,10 +197,21 @@ ALLOC_KERNEL = re.compile(r"(?i)fill|copy|memset|memcpy|catarray|arange|zero")
 HEAVY_KERNEL = re.compile(r"(?i)gemm|cutlass|cublas|xmma|cudnn|conv(?!ert)|fft|flash|fmha|attention")
 
 
+# GPU records of a trace that are not kernels: the profiler's copy and set activities ("Memcpy HtoD (Pageable ->
+# Device)", "Memset (Device)") and, should one be typed CUDA, a runtime call (a bare camel-case name such as
+# cudaLaunchKernel). Kernels show as identifiers or demangled signatures, so `cuda_relu_kernel(float*)`, a
+# candidate's `cudaRelu(float const*, float*)` and our own `cuda_eval_gate` are kernels.
+_NOT_A_KERNEL = re.compile(r"^(Memcpy [A-Za-z]+to[A-Za-z]+\b|Memset \(|cuda[A-Z]\w*$)")
+
+
+def is_kernel_name(name: str) -> bool:
+    """Whether a GPU record of the trace, by its name, is a kernel (see _NOT_A_KERNEL)."""
+    return not _NOT_A_KERNEL.match(name)
+
+
 def _is_kernel_event(ev) -> bool:
     device_type = getattr(ev, "device_type", None)
-    return device_type is not None and "CUDA" in str(device_type) and not ev.name.startswith(("Memcpy", "Memset",
-                                                                                                "cuda"))
+    return device_type is not None and "CUDA" in str(device_type) and is_kernel_name(ev.name)
 
 
 def mentions(kernel_name: str, ident: str) -> bool:

@@ -30,7 +30,8 @@ import torch
 from cuda_eval.protocol import device_kernels
 from cuda_eval.protocol.harness import CANDIDATE_FILENAME, TASK_FILENAME
 from cuda_eval.protocol.tensors import POISON_BYTE, flatten
-from cuda_eval.protocol.tracing import ALLOC_KERNEL, HEAVY_OPS, KernelTrace, OpRecorder, is_compute, mentions, unique
+from cuda_eval.protocol.tracing import (ALLOC_KERNEL, HEAVY_OPS, KernelTrace, OpRecorder, is_compute,
+                                        is_kernel_name, mentions, unique)
 
 # Captured before candidate code can replace them.
 _cuda_synchronize = torch.cuda.synchronize
@@ -169,15 +170,6 @@ OWN_GATES = (device_kernels.GATE_KERNEL,)
 OWN_DIGESTS = device_kernels.DIGEST_KERNELS
 
 
-_NOT_A_KERNEL = re.compile(r"^(Memcpy|Memset|cuda[A-Z])")   # copies, fills, runtime calls (cudaLaunchKernel ...)
-
-
-def is_kernel_record(name: str) -> bool:
-    """Whether a CUDA record of the trace is a kernel. Runtime calls are camel case (`cudaStreamSynchronize`), so
-    our own `cuda_eval_gate`, which opens every group's window, is kept."""
-    return not _NOT_A_KERNEL.match(name)
-
-
 @dataclasses.dataclass
 class GroupWindow:
     """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
@@ -212,8 +204,6 @@ class KernelSession:
             if "CUDA" not in str(ev.device_type()):
                 continue
             name = ev.name()
-            if not is_kernel_record(name):
-                continue
             start = ev.start_ns()
             records.append((start, start + ev.duration_ns(), name))
         records.sort()
@@ -256,7 +246,7 @@ def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[st
         elif is_open:
             win = windows[-1]
             own = any(mentions(name, n) for n in names)   # first: a program's own `copy_rows` kernel is its own
-            if not own and ALLOC_KERNEL.search(name):
+            if not own and (ALLOC_KERNEL.search(name) or not is_kernel_name(name)):
                 continue
             win.kernels += 1
             spans.append((start, end))

@@ -281,6 +281,13 @@ def test_reference_timing_cache_on_disk(tmp_path):
     two.store("ab12", "H200 | fp32", {"median_ms": 0.8})
     assert ReferenceTimingCache(str(tmp_path)).entries("ab12") == {"H100 | fp32": {"median_ms": 1.0},
                                                                    "H200 | fp32": {"median_ms": 0.8}}
+    # a damaged file (an entry that is not a timing) loses that entry only, never the task's evaluations
+    path = ReferenceTimingCache(str(tmp_path))._path("ab12")
+    with open(path) as f:
+        on_disk = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**on_disk, "broken": 3, "also": [1]}, f)
+    assert ReferenceTimingCache(str(tmp_path)).entries("ab12") == on_disk
     memory = ReferenceTimingCache(None)
     memory.store("cd", "k", {"median_ms": 2.0})
     assert memory.entries("cd") == {"k": {"median_ms": 2.0}} and memory.entries("ef") == {}
