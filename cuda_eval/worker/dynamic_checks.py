@@ -18,7 +18,6 @@ import builtins
 import dataclasses
 import importlib
 import os
-import re
 import sys
 import threading
 import time
