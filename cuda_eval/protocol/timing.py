@@ -165,22 +165,9 @@ class GatedTimer:
         gate_ms, retries, waits_for_device, max_host_ms = GATE_START_MS, 0, False, 0.0
         while len(out) < reps:
             n = min(GATE_GROUP, reps - len(out))
-            gate_open = _CudaEvent()
             _cuda_sleep(int(gate_ms * self.cycles_per_ms))
-            gate_open.record()
-            t0 = _perf_counter_ns()
-            pairs, first = [], warmup + len(out)  # a retried group repeats its k's (module doc)
-            for k in range(first, first + n):
-                if self._scratch is not None:
-                    self._scratch.zero_()
-                start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
-                start.record()
-                fn(k)
-                end.record()
-                pairs.append((start, end))
-            host_ms = (_perf_counter_ns() - t0) / 1e6
-            held = not gate_open.query()
-            _cuda_synchronize()
+            first = warmup + len(out)  # a retried group repeats its k's (module doc)
+            pairs, host_ms, held = self._calls_behind_gate(fn, range(first, first + n))
             max_host_ms = max(max_host_ms, host_ms)
             if not held and not waits_for_device:
                 # A slow host (long calls, a busy CPU) gets a gate of twice its queueing time. If the queueing then
@@ -202,13 +189,21 @@ class GatedTimer:
         time(). `held` says whether the host had queued the whole group before the gate opened."""
         if l2_flush_bytes and (self._scratch is None or self._scratch.numel() < l2_flush_bytes):
             self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
-        gate_open = _CudaEvent()
         if gate is None or not gate(gate_ms):
             _cuda_sleep(int(gate_ms * self.cycles_per_ms))
+        pairs, host_ms, held = self._calls_behind_gate(fn, range(n))
+        return [s.elapsed_time(e) for s, e in pairs], {"held": held, "host_ms": round(host_ms, 3),
+                                                       "gate_ms": round(gate_ms, 3)}
+
+    def _calls_behind_gate(self, fn: Call, ks: range) -> tuple[list, float, bool]:
+        """The per-call sequence of both protocols, queued behind a gate the caller has just launched: per call an
+        L2 flush, a start event, fn(k), an end event. Returns (the event pairs, the host's milliseconds to queue
+        them all, whether the gate still held when it had), the device synchronised."""
+        gate_open = _CudaEvent()
         gate_open.record()
         t0 = _perf_counter_ns()
         pairs = []
-        for k in range(n):
+        for k in ks:
             if self._scratch is not None:
                 self._scratch.zero_()
             start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
@@ -219,8 +214,7 @@ class GatedTimer:
         host_ms = (_perf_counter_ns() - t0) / 1e6
         held = not gate_open.query()
         _cuda_synchronize()
-        return [s.elapsed_time(e) for s, e in pairs], {"held": held, "host_ms": round(host_ms, 3),
-                                                       "gate_ms": round(gate_ms, 3)}
+        return pairs, host_ms, held
 
 
 def time_group(timer, fn: Call, n: int, *, l2_flush_bytes: int, gate_ms: float = 0.0, gate=None,
