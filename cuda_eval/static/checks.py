@@ -349,19 +349,21 @@ class _Checker:
                     if obj and obj.split(".")[0] in _PROTECTED_MODULES:
                         self.flag("monkeypatch", f"line {node.lineno} calls {path} on {obj}")
 
+    def _imported_modules(self, node: ast.AST) -> list[str]:
+        """The modules a node imports: import / from-import statements, and __import__ or importlib.import_module
+        called with a literal name."""
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.module:
+            return [node.module]
+        if isinstance(node, ast.Call) and self._resolve(node.func) in ("__import__", "importlib.import_module") \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            return [node.args[0].value]
+        return []
+
     def _check_threads(self) -> None:
         for node in ast.walk(self.tree):
-            mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                mods = [node.module]
-            elif isinstance(node, ast.Call):
-                path = self._resolve(node.func)
-                if path in ("__import__", "importlib.import_module") and node.args and isinstance(
-                        node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                    mods = [node.args[0].value]
-            for mod in mods:
+            for mod in self._imported_modules(node):
                 if mod.split(".")[0] in _THREAD_MODULES:
                     self.flag("thread", f"line {node.lineno} imports {mod}")
         for s in self.strings:
@@ -379,17 +381,10 @@ class _Checker:
                 self.flag("native_escape", f"C++ source uses {what}")
                 break
         for node in ast.walk(self.tree):
-            mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                mods = [node.module]
-            elif isinstance(node, ast.Call):
+            mods = self._imported_modules(node)
+            if not mods and isinstance(node, ast.Call):
                 path = self._resolve(node.func) or ""
-                if path in ("__import__", "importlib.import_module") and node.args and isinstance(
-                        node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                    mods = [node.args[0].value]
-                elif _NATIVE_PY_CALLS.match(path):
+                if _NATIVE_PY_CALLS.match(path):
                     self.flag("native_escape", f"line {node.lineno} calls {path}")
             for mod in mods:
                 if mod.split(".")[0] in _NATIVE_PY_MODULES:
