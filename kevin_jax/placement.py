@@ -96,19 +96,53 @@ def host_memory_gib() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30
 
 
-def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int,
-                        environ: dict | None = None, offload: str = "none") -> dict[str, str]:
+# The pinned-host pool of each GPU for an offloaded optimiser state (optim.offload="pinned_host").
+HOST_STATE_BYTES_PER_PARAM = 12   # float32 master weights and AdamW's two float32 moments (kevin_jax.rl.offload)
+HOST_POOL_SLACK = 1.03            # the pool's room beyond the GPU's share of the state (allocator rounding) ...
+HOST_POOL_EXTRA_GIB = 4           # ... plus transfers staged through it (the HF loader holds <= 3.1 GB at 32B)
+HOST_RESERVE_GIB = 32             # host memory left beside the pools: the trainer's own (~19 GB at 32B), the
+#                                   evaluator's processes, a checkpoint's buffers
+
+
+def host_pool_gib(param_count: int, state_shards: int) -> int:
+    """GiB of pinned host memory per GPU that holds its share of an offloaded state of `param_count` parameters
+    sharded `state_shards` ways."""
+    share = param_count * HOST_STATE_BYTES_PER_PARAM / max(1, state_shards)
+    return -(-int(share * HOST_POOL_SLACK) // (1 << 30)) + HOST_POOL_EXTRA_GIB
+
+
+def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None) -> dict[str, str]:
+    """The environment of XLA's pinned-host pools for an offloaded state: sized to each GPU's share and allocated at
+    start-up. Left to grow, each GPU's pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on
+    4 x H100 (503 GiB) the four pools of QwQ-32B's 393 GB state took 472 GiB and the kernel's OOM killer ended the
+    run (docs/LOG.md, 2026-11-27, "4 x H100, second run"); XLA's default cap (64 GiB per GPU) holds less than one
+    GPU's share (98 GB)."""
+    mesh = mesh or ParallelConfig()
+    devices = jax_gpus * (mesh.num_processes or 1)
+    shards = max(1, devices // max(1, mesh.data))
+    pool = host_pool_gib(param_count, shards)
+    ram = host_memory_gib()
+    if pool * jax_gpus + HOST_RESERVE_GIB > ram:
+        raise ValueError(
+            f"optim.offload='pinned_host': the optimiser state ({param_count * HOST_STATE_BYTES_PER_PARAM / 1e9:.0f} "
+            f"GB: float32 master weights and two AdamW moments) needs {pool} GiB of pinned host memory on each of "
+            f"this host's {jax_gpus} GPUs ({pool * jax_gpus} GiB) plus {HOST_RESERVE_GIB} GiB for the processes, and "
+            f"this machine has {ram} GiB: shard it over more GPUs or hosts (mesh), or use optim.offload=none")
+    return {"XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": str(pool), "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE": "true"}
+
+
+def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, environ: dict | None = None,
+                        offload: str = "none", param_count: int = 0,
+                        mesh: ParallelConfig | None = None) -> dict[str, str]:
     """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set.
 
-    offload: optim.offload. With the optimiser state in pinned host memory, XLA's pinned-host pool of each GPU
-    (XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB, 64 GiB by default) must hold that GPU's share of it (QwQ-32B on 4 GPUs:
-    98 GB each): it is capped at the machine's memory instead, which the state's own size check stays under."""
+    offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section. With the
+    optimiser state in pinned host memory each GPU's pinned-host pool is sized to its share of the state and
+    allocated at start-up (_offload_pool); a state the machine cannot hold is refused here, before any work."""
     environ = os.environ if environ is None else environ
     changes: dict[str, str] = {}
     if num_gpus == 0:
         return changes
-    if offload == "pinned_host":
-        changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] = str(host_memory_gib())
     jax_list = parse_indices(config.jax_devices, "gpu.jax_devices")
     if jax_list is not None:
         bad = [i for i in jax_list if not 0 <= i < num_gpus]
@@ -116,6 +150,8 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int,
             raise ValueError(f"gpu.jax_devices names GPU(s) {bad} but {num_gpus} are visible")
         # JAX_CUDA_VISIBLE_DEVICES restricts JAX only; CUDA_VISIBLE_DEVICES would hide GPUs from cuda_eval's workers.
         changes["JAX_CUDA_VISIBLE_DEVICES"] = ",".join(map(str, jax_list))
+    if offload == "pinned_host" and param_count:
+        changes.update(_offload_pool(param_count, len(jax_list) if jax_list is not None else num_gpus, mesh))
     shared = shared_gpus(config.jax_devices, eval_devices, num_gpus)
     if shared:
         changes["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{config.jax_memory_fraction:.3f}"
@@ -130,3 +166,13 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int,
             continue
         environ[key] = value
     return changes
+
+
+def place_run(config: Any, num_gpus: int) -> dict[str, str]:
+    """apply_gpu_placement for a run's config (sections gpu, eval, optim, model, mesh), before JAX starts."""
+    param_count = 0
+    if config.optim.offload == "pinned_host" and num_gpus:
+        from kevin_jax.model import shapes   # no jax
+        param_count = shapes.architecture_of(config.model.hf_checkpoint, config.model.shape).param_count()
+    return apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, num_gpus, offload=config.optim.offload,
+                               param_count=param_count, mesh=ParallelConfig(**config.mesh))

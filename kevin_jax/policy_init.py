@@ -34,9 +34,7 @@ log = logging.getLogger(__name__)
 
 def architecture(spec: RunSpec) -> shapes.Qwen2Config:
     """The architecture the config describes (the HF checkpoint's config.json, or the named shape)."""
-    if spec.model.hf_checkpoint:
-        return shapes.from_hf_config(spec.model.hf_checkpoint)
-    return shapes.named_config(spec.model.shape)
+    return shapes.architecture_of(spec.model.hf_checkpoint, spec.model.shape)
 
 
 def run_tokenizer(spec: RunSpec) -> Tokenizer:

@@ -33,9 +33,8 @@ def main(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)   # orbax's per-save chatter; our own lines stay INFO
     # GPU placement goes into the environment before anything imports jax.
     from cuda_eval.api import visible_gpu_count
-    from kevin_jax.placement import GpuConfig, NoGpuError, apply_gpu_placement
-    apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count(),
-                        offload=config.optim.offload)
+    from kevin_jax.placement import NoGpuError, place_run
+    place_run(config, visible_gpu_count())
 
     from kevin_jax import train
     try:

@@ -25,9 +25,11 @@
 # (/tmp/kevin32b), OUT (workdirs/kevin32b: logs, metrics, summary.txt), SHM (/dev/shm/kevin32b_ckpt), and a time
 # limit per stage in seconds: CHECKPOINT_S, SAMPLER_S, STEPS_S, RESUME_S.
 # Each stage appends its outcome to $OUT/summary.txt as it ends.
-# Measured on 4 x H100 (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first update"): checkpoint 53 s;
-# steps: load 16 s, the host state 265 s, step 1's sampling 120 s, then the update's compiles (more than 450 s in
-# all: give STEPS_S 900 or more); resume 282 s for both runs.
+# Measured on 4 x H100 (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first update" and "4 x H100, second
+# run"): checkpoint 53-62 s; steps: load 16 s, the host state 265 s, step 1's sampling 120 s, then the update's
+# compiles (more than 450 s in all: give STEPS_S 900 or more; the second run's host state overran the host's memory,
+# since fixed by sizing XLA's pinned pools, not yet rerun); resume 282 s for both runs; sampler: decode at B = 32,
+# 64, 128 in 150 s, then the end to end (prefill) ran out of GPU memory (since given half the pool, not yet rerun).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -59,10 +61,11 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$SUMMARY"
 free -g | tee -a "$SUMMARY"; df -h / /dev/shm | tee -a "$SUMMARY"; git rev-parse HEAD 2>/dev/null | tee -a "$SUMMARY"
 
-# Memory seen from outside the process (cuda_eval's workers included), one line per second per GPU.
-nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader -lms 1000 > "$OUT/gpu_memory.csv" &
+# Memory seen from outside the process (cuda_eval's workers included), one line per second per GPU; appended, so
+# that a second call of this script (other stages, the same OUT) keeps the first one's lines.
+nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader -lms 1000 >> "$OUT/gpu_memory.csv" &
 SMI_PID=$!
-( while sleep 2; do echo "$(date +%s) $(free -b | awk '/Mem:/ {print $3}')"; done ) > "$OUT/host_memory.txt" &
+( while sleep 2; do echo "$(date +%s) $(free -b | awk '/Mem:/ {print $3}')"; done ) >> "$OUT/host_memory.txt" &
 FREE_PID=$!
 trap 'kill $SMI_PID $FREE_PID 2>/dev/null' EXIT
 

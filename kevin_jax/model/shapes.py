@@ -136,6 +136,11 @@ NAMED_CONFIGS: dict[str, Qwen2Config] = {
 NAMED_CONFIGS["qwq_32b_depth8"] = NAMED_CONFIGS["qwq_32b"].replace(num_hidden_layers=8)
 
 
+def architecture_of(hf_checkpoint: str | None, shape: str) -> Qwen2Config:
+    """The architecture a run's model section names: its HF checkpoint's config.json, else the named shape."""
+    return from_hf_config(hf_checkpoint) if hf_checkpoint else named_config(shape)
+
+
 def named_config(name: str) -> Qwen2Config:
     try:
         return NAMED_CONFIGS[name]

@@ -4,7 +4,7 @@ and C++ candidates for CPU mode. Each candidate file starts with `# key: value` 
     # task: relu                      the task file in corpus/tasks/ (without .py)
     # expect: code1,code2             hack flag codes that must all be raised (adversarial, cpu)
     # static: code1                   exactly the flags the static policy raises (absent = none)
-    # verdict: correct|incorrect|runtime_error|crash|timeout|compile_error|any    (bad, cpu)
+    # verdict: correct|incorrect|runtime_error|crash|timeout|compile_error|any    (bad, cpu; adversarial: incorrect)
     # about: what the candidate does
 """
 from __future__ import annotations

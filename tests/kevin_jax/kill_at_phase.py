@@ -120,11 +120,9 @@ def main() -> None:
 
     def run(argv):
         from cuda_eval.api import visible_gpu_count
-        from kevin_jax.placement import GpuConfig, apply_gpu_placement
+        from kevin_jax.placement import place_run
 
-        config = launch_train._CONFIG.value
-        apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, visible_gpu_count(),   # before JAX
-                            offload=config.optim.offload)
+        place_run(launch_train._CONFIG.value, visible_gpu_count())   # before JAX
         KillAt(phase.value, step.value).install()
         launch_train.main(argv)
 

@@ -16,7 +16,7 @@ from ml_collections import config_flags
 
 from cuda_eval.api import visible_gpu_count
 from kevin_jax import run_config, train
-from kevin_jax.placement import GpuConfig, apply_gpu_placement, host_memory_gib
+from kevin_jax.placement import GpuConfig, apply_gpu_placement
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ("kevin32b", "single_turn", "one_gpu", "tiny_cpu", "warm_start_demo")
@@ -335,10 +335,38 @@ def test_gpu_placement():
     env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"}           # the user's own setting wins
     apply_gpu_placement(GpuConfig(), "all", 1, env)
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3"
-    # the optimiser state in pinned host memory: XLA's pinned-host pool per GPU (64 GiB by default) gets the machine's
-    env = {}
-    apply_gpu_placement(GpuConfig(), "all", 4, env, offload="pinned_host")
-    assert int(env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"]) == host_memory_gib() > 0
     env = {}
     apply_gpu_placement(GpuConfig(), "all", 4, env)
     assert "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB" not in env
+
+
+def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkeypatch):
+    """QwQ-32B's offloaded state (393 GB) on 4 GPUs: each GPU's pinned-host pool is its share (98.3 GB = 91.5 GiB)
+    with 3% and 4 GiB to spare, allocated at start-up (grown on demand, the four pools took 472 GiB of a 503 GiB
+    host); on a host without room for the pools the run is refused before JAX starts."""
+    from kevin_jax import placement
+    from kevin_jax.model import shapes
+    qwq = shapes.named_config("qwq_32b").param_count()
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
+    env = {}
+    apply_gpu_placement(GpuConfig(), "all", 4, env, offload="pinned_host", param_count=qwq)
+    assert env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "99" and env["XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE"] == "true"
+    assert 4 * 99 * 2**30 >= qwq * placement.HOST_STATE_BYTES_PER_PARAM * 1.03
+    env = {}                                          # 8 GPUs: half the share each
+    apply_gpu_placement(GpuConfig(), "all", 8, env, offload="pinned_host", param_count=qwq)
+    assert env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "52"
+    env = {}                                          # data parallel over 2 x 4: the state is sharded 4 ways
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 2015)     # (8 x 99 GiB: a 2 TB host)
+    apply_gpu_placement(GpuConfig(), "all", 8, env, offload="pinned_host", param_count=qwq,
+                        mesh=placement.ParallelConfig(data=2))
+    assert env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "99"
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 256)
+    with pytest.raises(ValueError, match="optim.offload=none"):
+        apply_gpu_placement(GpuConfig(), "all", 4, {}, offload="pinned_host", param_count=qwq)
+    assert apply_gpu_placement(GpuConfig(), "all", 4, {}, offload="none", param_count=qwq) == {
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.600", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    # the run's own config: configs/kevin32b.py on a 4-GPU node
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
+    monkeypatch.setattr(placement.os, "environ", {})
+    changes = placement.place_run(_load("kevin32b", "--config.model.shape=qwq_32b").lock(), 4)
+    assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "99"
