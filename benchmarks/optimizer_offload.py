@@ -278,6 +278,7 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None):
+    from kevin_jax.placement import host_pool_gib   # no jax
     args = parse_args(argv)
     if args.worker is not None:
         variant, size = args.worker.split(":")
@@ -297,8 +298,11 @@ def main(argv=None):
                 continue
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{variant}:{size}"] + passthrough
             t = time.time()
+            # XLA's pinned-host pool per GPU holds the GPU's share of the state, as the trainer caps it
+            # (kevin_jax.placement); its default (64 GiB) holds less than 8.2G parameters' 98 GB
+            env = dict(os.environ, XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB=str(host_pool_gib(int(size * 1e9), 1)))
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
                 lines = [l for l in proc.stdout.splitlines() if l.startswith("OFFLOAD_RESULT ")]
                 if lines:
                     results.append(json.loads(lines[-1][len("OFFLOAD_RESULT "):]))

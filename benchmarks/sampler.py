@@ -713,7 +713,8 @@ class TensorParallelBench:
         warmup = time.perf_counter() - t0
         _, stats = engine.generate(params, prompts, args.e2e_new_tokens, seed=1)
         step_ms = 1e3 * stats.decode_s / max(1, stats.decode_steps)
-        return {"batch": batch, "warmup_s": warmup, "prompt_tokens": stats.prompt_tokens,
+        return {"batch": batch, "pool_pages": engine.config.num_pages, "warmup_s": warmup,
+                "prompt_tokens": stats.prompt_tokens,
                 "prefill_tokens": stats.prefill_tokens, "prefill_s": stats.prefill_s,
                 "prefill_tok_s": stats.prefill_tokens / max(stats.prefill_s, 1e-9),
                 "decode_tok_s": stats.slot_steps_active / max(stats.decode_s, 1e-9), "step_ms": step_ms,

@@ -35,8 +35,11 @@ published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--confi
 free space at start): a 4-GPU node's 235 GB local disk holds none.
 
 What to expect: measured so far on 4 x H100 with random weights (docs/LOG.md, "4 x H100: Kevin-32B at full size up to
-its first update"): load 16 s, the host state built in 265 s, decoding ~18.5 ms per token step at 4 live sequences
-(26% of the bandwidth roofline at that batch), 76.8 GiB per GPU in use; a full-size update not yet. Plan of one
+its first update" and "4 x H100, second run"): load 16 s, the host state built in 265 s, decoding ~18.5 ms per token
+step at 4 live sequences (26% of the bandwidth roofline at that batch) and, in the sampler benchmark, 25.1 / 26.3 /
+31.1 ms at 32 / 64 / 128 (65 / 61 / 52%), 76.8 GiB per GPU in use; a full-size update not yet (the second run's
+host state overran the host's memory before XLA's pinned pools were capped to it: kevin_jax/placement.py, which
+caps them at 110 GiB per GPU on 4 GPUs, 56 on 8, and refuses a host without that room plus 32 GiB). Plan of one
 full step, before measurement (512 samples of ~4k prompt + ~12k
 response tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth
 roofline, weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from kevin_jax.placement import ParallelConfig
+from kevin_jax.placement import ParallelConfig, mesh_shape  # noqa: F401  (mesh_shape: jax-free, in placement)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -85,28 +85,6 @@ def initialize_distributed(config: ParallelConfig) -> bool:
                 jax.distributed.initialize()
                 return True
     return False
-
-
-def mesh_shape(config: ParallelConfig, num_devices: int) -> tuple[int, int, int]:
-    """Resolves -1 and checks that data * fsdp * tensor == num_devices."""
-    sizes = {"data": config.data, "fsdp": config.fsdp, "tensor": config.tensor}
-    unknown = [k for k, v in sizes.items() if v == -1]
-    if len(unknown) > 1:
-        raise ValueError(f"at most one mesh axis may be -1, got {sizes}")
-    for name, size in sizes.items():
-        if size == 0 or size < -1:
-            raise ValueError(f"mesh axis {name}={size} must be positive (or -1 for 'the rest')")
-    known = math.prod(v for v in sizes.values() if v != -1)
-    if unknown:
-        if num_devices % known:
-            raise ValueError(f"{num_devices} devices cannot be split into a mesh with {sizes} "
-                             f"({num_devices} is not a multiple of {known})")
-        sizes[unknown[0]] = num_devices // known
-    total = math.prod(sizes.values())
-    if total != num_devices:
-        raise ValueError(f"mesh data={sizes['data']} x fsdp={sizes['fsdp']} x tensor={sizes['tensor']} = {total} "
-                         f"devices, but {num_devices} are available")
-    return sizes["data"], sizes["fsdp"], sizes["tensor"]
 
 
 def make_mesh(config: ParallelConfig = ParallelConfig(), devices: Sequence[Any] | None = None) -> Mesh:

@@ -183,12 +183,17 @@ class GatedTimer:
                      "waits_for_device": waits_for_device}
         return out
 
+    def reserve(self, l2_flush_bytes: int) -> None:
+        """The flush buffer, now: made at start-up, it cannot take the freed memory a trial poisons (made at the
+        first group, it took the poisoned block, and an output never written got fresh zeroed memory)."""
+        if l2_flush_bytes and (self._scratch is None or self._scratch.numel() < l2_flush_bytes):
+            self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
+
     def time_group(self, fn: Call, n: int, *, gate_ms: float, l2_flush_bytes: int,
                    gate=None) -> tuple[list[float], dict]:
         """One group behind a gate of `gate_ms` (the caller's, never lengthened here): the same per-call sequence as
         time(). `held` says whether the host had queued the whole group before the gate opened."""
-        if l2_flush_bytes and (self._scratch is None or self._scratch.numel() < l2_flush_bytes):
-            self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
+        self.reserve(l2_flush_bytes)
         if gate is None or not gate(gate_ms):
             _cuda_sleep(int(gate_ms * self.cycles_per_ms))
         pairs, host_ms, held = self._calls_behind_gate(fn, range(n))

@@ -88,6 +88,9 @@ def test_large_outputs_are_judged(results, name):
         assert sweep.verdict_class(honest, flags_count=False) in ("ok", "too_big"), honest.runtime_error
         return
     assert sweep.verdict_class(honest, flags_count=False) == "ok", (honest.runtime_error, honest.trials[-1:])
+    # its many groups (a call or two each) all reach the judge's kernel-trace check: no broken-trace flag
+    assert "timing_inconsistent" not in {f["code"] for f in honest.hack_flags}, (honest.hack_flags,
+                                                                                  honest.meta.get("call_trace"))
     assert sweep.verdict_class(wrong, flags_count=False) == "incorrect", (wrong.runtime_error, wrong.trials[-1:])
     assert re.search(r"(^|: )1 of \d+ elements differ", wrong.trials[-1]["message"])  # the one element changed
     meta = honest.meta

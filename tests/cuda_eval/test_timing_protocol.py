@@ -188,42 +188,83 @@ def _group(kind: str, times: list, wall_s: float, replay_s: float, empty_ms: flo
             "replay": {"wall_s": replay_s, "cpu_s": replay_s, "empty_ms": empty_ms}}
 
 
+def _concluded(groups, reps, traced=False, device_type="cuda"):
+    job = _job(device_type)
+    job._conclude_timing(groups, 3, reps)
+    job.bound_by_wall(traced)
+    return job
+
+
 def test_the_reward_time_is_what_the_judges_clock_proves():
     from cuda_eval.judge import job as judge
     allowance = judge.GROUP_JITTER_S["cuda"]
     # Honest: 32 calls of 1 ms, the wall holds them plus the replay's cost and a little noise.
-    honest = _job("cuda")
-    honest._conclude_timing([_group("timed", [1.0] * 32, 0.032 + 0.010 + allowance / 2, 0.010)], 3, 32)
+    honest = _concluded([_group("timed", [1.0] * 32, 0.032 + 0.010 + allowance / 2, 0.010)], 32)
     assert not honest.flags and not honest.timing["capped"] and honest.timing["median_ms"] == 1.0
     # A clock 20x slow: reported 0.05 ms, the wall says 1 ms a call: the reward time is ~1 ms / 1.15, flagged.
-    forged = _job("cuda")
-    forged._conclude_timing([_group("timed", [0.05] * 32, 0.032 + 0.010 + allowance, 0.010)] * 2, 3, 64)
+    forged = _concluded([_group("timed", [0.05] * 32, 0.032 + 0.010 + allowance, 0.010)] * 2, 64)
     assert forged.timing["capped"] and forged.timing["reported_median_ms"] == 0.05
     assert forged.timing["median_ms"] == pytest.approx(1.0 / judge.WALL_TOLERANCE, rel=1e-6)
     assert [f["code"] for f in forged.flags] == ["timing_inconsistent"]
     # A mild forgery (1.5x) is capped, not flagged; a report below half an empty call is flagged.
-    mild = _job("cuda")
-    mild._conclude_timing([_group("timed", [1.0 / 1.5] * 32, 0.032 + 0.010 + allowance, 0.010)], 3, 32)
+    mild = _concluded([_group("timed", [1.0 / 1.5] * 32, 0.032 + 0.010 + allowance, 0.010)], 32)
     assert mild.timing["capped"] and not mild.flags
-    tiny = _job("cuda")
-    tiny._conclude_timing([_group("timed", [0.0001] * 32, 0.010 + allowance, 0.010, empty_ms=0.0013)], 3, 32)
+    tiny = _concluded([_group("timed", [0.0001] * 32, 0.010 + allowance, 0.010, empty_ms=0.0013)], 32)
     assert [f["code"] for f in tiny.flags] == ["timing_inconsistent"] and "empty call" in tiny.flags[0]["reason"]
     # A replay without a gate (the GPU timer's exact gate is added to its wall, not run) times the host's launch
     # gaps: its empty calls (15-50 us on an H100) are no floor for a 6 us kernel behind a gate.
-    small = _job("cuda")
     ungated = _group("timed", [0.0066] * 32, 0.010 + allowance, 0.010, empty_ms=0.0145)
     ungated["replay"]["gated"] = False
-    small._conclude_timing([ungated], 3, 32)
+    small = _concluded([ungated], 32)
     assert not small.flags and small.meta["wall_bound"]["empty_call_ms"] is None
 
 
-def test_the_wall_allowance_covers_honest_groups_measured_on_an_h100():
-    """Honest groups on an H100 took up to ~4 ms more than the judge's replays of them (row_sum_warp: 14 groups of
-    15 calls of 0.14 ms, 62 ms unexplained for 28 ms reported): the wall clock must not raise such a time."""
-    job = _job("cuda")
+def test_the_wall_allowance_covers_honest_groups_where_the_trace_judged_them():
+    """Honest groups on an H100 took a few ms more or less than the judge's replays of them (row_sum_warp: 14
+    groups of 15 calls of 0.14 ms, 41 ms more than its 28 ms reported): where the kernel trace judged every group
+    (and bounds the time by the kernels' own), the wall clock must not raise such a time; without the trace it
+    binds with the tight allowance, and does."""
     groups = [_group("timed", [0.14] * 15, 0.0185 + 0.0021 + 0.0044, 0.0185) for _ in range(14)]
-    job._conclude_timing(groups, 3, 210)
-    assert not job.flags and not job.timing["capped"] and job.timing["median_ms"] == pytest.approx(0.14)
+    traced = _concluded(groups, 210, traced=True)
+    assert not traced.flags and not traced.timing["capped"] and traced.timing["median_ms"] == pytest.approx(0.14)
+    assert traced.meta["wall_bound"]["trace"] == "judged every group"
+    untraced = _concluded([dict(g) for g in groups], 210, traced=False)
+    assert untraced.timing["capped"] and untraced.meta["wall_bound"]["trace"] == "absent"
+
+
+def test_a_forged_clock_is_bound_when_the_trace_is_missing():
+    """A 0.25 ms kernel whose clock reports 0.001 ms in groups of 32 calls: with the kernel trace skipped (by the
+    candidate or the machine), the judge's clock with the tight allowance caps and flags it; with the trace, the
+    trace does (here it shows the kernels' 0.25 ms)."""
+    from cuda_eval.judge import job as judge
+
+    def forged(trace):
+        job = _job("cuda")
+        groups = [_group("timed", [0.001] * 32, 0.010 + 32 * 0.00025 + 0.0003, 0.010) for _ in range(8)]
+        job._conclude_timing(groups, 3, 256)
+        job.groups = groups
+        if trace:
+            job.meta.update(call_windows=[[0.25 * 32, 32, 32]] * 8, call_foreign_kernels={})
+        else:
+            job.meta.update(call_trace_skipped="profiler: RuntimeError: a profiler is already running")
+        job._reference_kernels = lambda: []
+        job.bound_by_wall(job.judge_call_trace())
+        return job
+    skipped, traced = forged(False), forged(True)
+    assert skipped.timing["median_ms"] > 0.15 and "timing_inconsistent" in {f["code"] for f in skipped.flags}
+    assert traced.timing["median_ms"] == pytest.approx(0.25 / judge.WALL_TOLERANCE)
+    assert "timing_inconsistent" in {f["code"] for f in traced.flags}
+
+
+def test_every_groups_window_reaches_the_judge():
+    """A job of 100 groups (large inputs: a group of 2 calls) sends 100 trace windows; the judge's bounded copy of
+    the worker's meta keeps them all (cut at 64, the trace looked broken: an honest kernel flagged)."""
+    from cuda_eval.judge.job import _plain
+    job = _job("cuda")
+    job.groups = [{"n": 2, "times": [1.0, 1.0]} for _ in range(100)]
+    job.meta.update(call_windows=_plain([[1.9, 2, 2]] * 100, items=512), call_foreign_kernels={})
+    job._reference_kernels = lambda: []
+    assert job.judge_call_trace() and not job.flags
 
 
 def test_the_kernel_trace_of_the_calls_is_judged():

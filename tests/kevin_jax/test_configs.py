@@ -341,32 +341,35 @@ def test_gpu_placement():
 
 
 def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkeypatch):
-    """QwQ-32B's offloaded state (393 GB) on 4 GPUs: each GPU's pinned-host pool is its share (98.3 GB = 91.5 GiB)
-    with 3% and 4 GiB to spare, allocated at start-up (grown on demand, the four pools took 472 GiB of a 503 GiB
-    host); on a host without room for the pools the run is refused before JAX starts."""
+    """QwQ-32B's offloaded state (393 GB) on 4 GPUs: each GPU's pinned-host pool is capped at its share (98.3 GB =
+    91.5 GiB) and the allocator's room to grow (tests/kevin_jax/test_host_pool.py); uncapped, the four pools took 472
+    GiB of a 503 GiB host. The shards come from the mesh (data-parallel copies hold the whole share each, hosts add
+    devices); a host without room for the pools is refused before JAX starts."""
     from kevin_jax import placement
     from kevin_jax.model import shapes
     qwq = shapes.named_config("qwq_32b").param_count()
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
-    env = {}
-    apply_gpu_placement(GpuConfig(), "all", 4, env, offload="pinned_host", param_count=qwq)
-    assert env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "99" and env["XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE"] == "true"
-    assert 4 * 99 * 2**30 >= qwq * placement.HOST_STATE_BYTES_PER_PARAM * 1.03
-    env = {}                                          # 8 GPUs: half the share each
-    apply_gpu_placement(GpuConfig(), "all", 8, env, offload="pinned_host", param_count=qwq)
-    assert env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "52"
-    env = {}                                          # data parallel over 2 x 4: the state is sharded 4 ways
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 2015)     # (8 x 99 GiB: a 2 TB host)
-    apply_gpu_placement(GpuConfig(), "all", 8, env, offload="pinned_host", param_count=qwq,
-                        mesh=placement.ParallelConfig(data=2))
-    assert env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "99"
+
+    def pool(gpus, **mesh):
+        env = {}
+        apply_gpu_placement(GpuConfig(), "all", gpus, env, offload="pinned_host", param_count=qwq,
+                            mesh=placement.ParallelConfig(**mesh))
+        assert "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE" not in env   # would size XLA's staging pool alike
+        return int(env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"])
+    assert pool(4) == 110 and 4 * 110 + placement.HOST_RESERVE_GIB <= 503
+    assert pool(8) == 56                                                  # 8 GPUs: half the share each
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 2015)       # a 2 TB host
+    assert pool(8, data=2) == pool(8, data=-1, fsdp=4) == pool(4)          # sharded 4 ways: a 4-GPU share each
+    assert pool(4, num_processes=2) == pool(8)                             # two hosts of 4: sharded 8 ways
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 256)
     with pytest.raises(ValueError, match="optim.offload=none"):
-        apply_gpu_placement(GpuConfig(), "all", 4, {}, offload="pinned_host", param_count=qwq)
+        pool(4)
     assert apply_gpu_placement(GpuConfig(), "all", 4, {}, offload="none", param_count=qwq) == {
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.600", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    with pytest.raises(ValueError, match="num_processes"):
+        placement.process_count(placement.ParallelConfig(), {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+    assert placement.process_count(placement.ParallelConfig(), {"SLURM_NTASKS": "2"}) == 2
     # the run's own config: configs/kevin32b.py on a 4-GPU node
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
-    monkeypatch.setattr(placement.os, "environ", {})
-    changes = placement.place_run(_load("kevin32b", "--config.model.shape=qwq_32b").lock(), 4)
-    assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "99"
+    changes = placement.place_run(_load("kevin32b", "--config.model.shape=qwq_32b").lock(), 4, environ={})
+    assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"

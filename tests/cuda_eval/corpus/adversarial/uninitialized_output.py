@@ -1,8 +1,9 @@
 # task: relu
+# expect: stale_output
 # verdict: incorrect
 # about: KernelBench hack: returns torch.empty_like without writing it, hoping to pick up the reference's freed output
-# about: (the reference runs in the judge's process, so no freed output of it is in the worker's memory: the
-# about: output is whatever the block held; stale_output when it is the worker's poison, incorrect in any case)
+# about: (the reference runs in the judge's process; the worker poisons freed blocks of the reference's output sizes
+# about: before each trial, so the unwritten output is the poison)
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
