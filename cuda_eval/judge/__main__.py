@@ -35,6 +35,24 @@ def _loop_overhead_ms(device: Device) -> float:
     return max(0.02, 2.0 * (_monotonic() - t0) * 1e3 / calls)
 
 
+def _copy_bandwidth(device: Device) -> float:
+    """The card's copy bandwidth, bytes read and written per second (a 256 MiB device-to-device copy, best of 5):
+    the output-write bound of every timing (Job._bound_by_output_writes)."""
+    n = 256 << 20
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * n / best
+
+
 def _start_kernel_tracing(device: Device) -> None:
     """Loads CUPTI now (seconds, once per judge): the reference's kernels are traced once per task."""
     try:
@@ -89,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
             device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
             if device.type == "cuda":
                 _start_kernel_tracing(device)
+                try:
+                    device.info["copy_bytes_per_s"] = _copy_bandwidth(device)
+                except Exception as e:  # noqa: BLE001 - then timings go without the output-write bound (info says why)
+                    device.info["copy_bandwidth_error"] = f"{type(e).__name__}: {e}"[:300]
     except BaseException as e:
         channel.send(ctl, {"op": "ready", "ok": False, "error": format_exception(e, "judge start")})
         sys.stderr.write(traceback.format_exc())

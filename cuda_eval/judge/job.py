@@ -70,6 +70,8 @@ FLAG_FACTOR = 3.0             # timing_inconsistent: the wall clock proves this 
 FLAG_MIN_EXCESS_S = 0.05      # ... and at least this much unreported time in all
 FLOOR_FRACTION = 0.5          # ... or the reported time is below this share of an empty call's in the same protocol
 TRACE_SLACK_MS = 0.002        # kernel trace: GPU time per call allowed beyond the reported time (timestamp noise)
+WRITE_FLOOR_MARGIN = 1.5      # a call writes its outputs beyond L2 at no more than this x the card's measured copy
+#                               bandwidth (reads and writes counted; an H100 copies at ~3.0 of its 3.35 TB/s)
 DIGEST_MIN_BYTES = 256        # outputs this small may repeat by chance on fresh inputs: no repeat check
 # KernelBench's protocol (the kernelbench timing method): its wall-clock bound, kept as it was.
 WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
@@ -303,6 +305,9 @@ class Job:
         ref_aliases = any(tensors.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
         self.output_sizes = output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
+        # the bytes a call must write at least (a broadcast view of the reference's holds only its storage's)
+        self.output_written_bytes = sum(min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+                                        for t in tensors_in(warm_out))
         # Over 1 GiB, the judge keeps one trial's output at a time (samples of the earlier ones): on the card, the
         # candidate's process needs the room; on the host, a few such copies would be tens of GB.
         self.large_output = self.output_bytes > wire.DEVICE_SNAPSHOT_MAX
@@ -794,6 +799,7 @@ class Job:
         w, t = getattr(self, "_wall", None), self.timing
         if not w or not t or not w["calls"]:
             return
+        self._bound_by_output_writes()
         per_group = TRACED_GROUP_JITTER_S if traced and self.device.type == "cuda" else \
             GROUP_JITTER_S.get(self.device.type, 0.001)
         allowance = per_group * w["groups"]
@@ -818,6 +824,25 @@ class Job:
         elif w["floor_known"] and median < FLOOR_FRACTION * w["floor_ms"]:
             self.flag("timing_inconsistent", f"a call was reported as {median:.4g} ms, less than an empty call takes "
                                              f"in the same protocol ({w['floor_ms']:.4g} ms)")
+
+    def _bound_by_output_writes(self) -> None:
+        """A physical bound the judge owns, whatever the worker reports (its clock, its kernel trace): a call writes
+        its outputs, and what does not fit in L2 goes to the card's memory at no more than WRITE_FLOOR_MARGIN x the
+        copy bandwidth the judge measured at start-up. Below that time a report is impossible: flagged, and the
+        reward's time is at least that."""
+        bandwidth = self.device.info.get("copy_bytes_per_s") if self.device.type == "cuda" else None
+        written = max(0, getattr(self, "output_written_bytes", 0) - 2 * (self.device.info.get("l2_bytes") or 0))
+        if not bandwidth or not written:
+            return
+        floor_ms = written / (WRITE_FLOOR_MARGIN * float(bandwidth)) * 1e3
+        t = self.timing
+        t["write_floor_ms"] = round(floor_ms, 6)
+        if floor_ms > t["median_ms"]:
+            t["median_ms"], t["capped"] = floor_ms, True
+        if t["reported_median_ms"] < floor_ms:
+            self.flag("timing_inconsistent", f"a call was reported as {t['reported_median_ms']:.4g} ms, less than "
+                                             f"writing its outputs ({written / 1e6:.0f} MB beyond L2) takes on this "
+                                             f"card ({floor_ms:.4g} ms at {WRITE_FLOOR_MARGIN}x its copy bandwidth)")
 
     def check_repeats(self) -> None:
         """Outputs of calls on different fresh inputs that are bit for bit the same: results served from a cache

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from cuda_eval.profile import kernel_profiler
-from cuda_eval.protocol import channel, harness, timing, tracing, wire
+from cuda_eval.protocol import channel, device_kernels, harness, timing, tracing, wire
 from cuda_eval.protocol.channel import ChannelError
 from cuda_eval.protocol.harness import (CANDIDATE_MODULE, CandidateError, Device, exec_module, format_exception,
                                         init_inputs, load_task, make_inputs, map_tree, milestone, process_arguments,
@@ -66,6 +66,22 @@ GATE_MAX_MS = 250.0           # ...at most (a forward that synchronises the devi
 GATE_SETTLE_S = 0.001         # after forward returns, the gate must still hold this long (launched work starts)
 TIMING_PROFILE_SEED = 999     # inputs of the profile step when no timing set exists
 MAX_GROUP = 64                # calls in one group (the judge sends at most timing.GROUP_MAX)
+
+
+def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
+    """What the candidate must not replace in its process: torch's and our modules' public names and the classes
+    of the harness, the timers and the kernel trace's session among them (the time that enters the reward, and
+    under a trace that judged every group the wall clock's allowance, rest on what they report)."""
+    # This module is __main__ here (python -m): its functions and classes are watched like torch's.
+    own = [sys.modules[__name__], channel, wire, harness, timing, tracing, device_kernels, dynamic_checks]
+    return dynamic_checks.IdentitySnapshot(
+        dynamic_checks.default_watch_modules() + own,
+        dynamic_checks.default_watch_classes() + [
+            task.Model, Worker, Device, dynamic_checks.ForwardTrace, tracing.KernelTrace,
+            dynamic_checks.IdentitySnapshot, dynamic_checks.ThreadWatch, dynamic_checks.KernelSession,
+            dynamic_checks.GroupWindow, timing.HostTimer, timing.TorchEventTimer, timing.NativeTimer,
+            timing.GatedTimer, timing.KernelBenchTimer, device_kernels.Kernels],
+        {"task": vars(task)})
 
 
 class Worker:
@@ -157,14 +173,7 @@ class Worker:
         except Exception as e:  # the judge loaded the same source: this cannot be the task's fault
             raise CandidateError(format_exception(e, "loading the task next to the candidate"))
         modules_before = set(sys.modules)
-        # This module is __main__ here (python -m): its functions and classes are watched like torch's.
-        own = [sys.modules[__name__], channel, wire, harness]
-        self.snapshot = dynamic_checks.IdentitySnapshot(
-            dynamic_checks.default_watch_modules() + own,
-            dynamic_checks.default_watch_classes() + [self.task.Model, Worker, Device, dynamic_checks.ForwardTrace,
-                                                      tracing.KernelTrace, dynamic_checks.IdentitySnapshot,
-                                                      dynamic_checks.ThreadWatch],
-            {"task": vars(self.task)})
+        self.snapshot = harness_snapshot(self.task)
         self.threads = dynamic_checks.ThreadWatch()
         self._install_prebuilt()
         try:

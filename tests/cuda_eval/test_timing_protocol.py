@@ -345,3 +345,25 @@ def test_the_reward_time_is_bounded_by_the_kernel_trace():
     job.judge_call_trace()
     assert job.timing["reported_median_ms"] == pytest.approx(0.1) and not job.flags
     assert job.timing["capped"] and job.timing["median_ms"] == pytest.approx(1.0 / judge.WALL_TOLERANCE)
+
+
+def test_a_report_faster_than_the_card_writes_its_outputs_is_bound():
+    """The judge's own physical bound, whatever the worker reports (clock or trace): a relu of 4096 x 16384 floats
+    writes 256 MiB, of which all but two L2's worth reach the card's memory, at no more than 1.5x its measured copy
+    bandwidth. An honest 0.18 ms is far above it; a report of 1 us is flagged and raised to it."""
+    from cuda_eval.judge import job as judge
+
+    def concluded(reported_ms):
+        job = _job("cuda")
+        job.device.info.update(copy_bytes_per_s=3.0e12, l2_bytes=50 << 20)
+        job.output_written_bytes = 256 << 20
+        groups = [_group("timed", [reported_ms] * 8, 0.010 + 8 * reported_ms / 1e3, 0.010) for _ in range(25)]
+        job._conclude_timing(groups, 3, 200)
+        job.bound_by_wall(True)
+        return job
+    floor_ms = (256 - 100) * 2**20 / (judge.WRITE_FLOOR_MARGIN * 3.0e12) * 1e3
+    honest, forged = concluded(0.18), concluded(0.001)
+    assert not honest.flags and honest.timing["median_ms"] == 0.18
+    assert honest.timing["write_floor_ms"] == pytest.approx(floor_ms, rel=1e-4)
+    assert forged.timing["median_ms"] == pytest.approx(floor_ms, rel=1e-4) and forged.timing["capped"]
+    assert [f["code"] for f in forged.flags] == ["timing_inconsistent"] and "writing its outputs" in forged.flags[0]["reason"]

@@ -303,3 +303,23 @@ def test_cuda_timers_end_on_the_judges_last_call(method):
     times = timer.time(fn, warmup=3, reps=27, l2_flush_bytes=timing.l2_flush_bytes("cuda"))
     assert len(times) == 27 and all(t > 0 for t in times)
     assert calls[-1] == 3 + 27 - 1 and sorted(set(calls)) == list(range(30))
+
+
+def test_the_timers_and_the_trace_session_are_watched(monkeypatch):
+    """The timers report the times and the kernel trace's session the GPU time that bound them (and, under a trace
+    that judged every group, the judge's looser wall allowance): replacing a method of theirs in the candidate's
+    process is a monkeypatch, as for the harness's own classes."""
+    import types
+
+    from cuda_eval.protocol import device_kernels, timing
+    from cuda_eval.worker import __main__ as worker_main
+    from cuda_eval.worker import dynamic_checks
+    task = types.ModuleType("task")
+    task.Model = type("Model", (), {})
+    for cls, name in ((dynamic_checks.KernelSession, "stop"), (timing.GatedTimer, "time_group"),
+                      (timing.TorchEventTimer, "time"), (timing.NativeTimer, "time"), (device_kernels.Kernels, "gate")):
+        snapshot = worker_main.harness_snapshot(task)
+        assert not snapshot.changed()
+        monkeypatch.setattr(cls, name, lambda *a, **k: None)
+        assert any(c.endswith(f"{cls.__qualname__}.{name}") for c in snapshot.changed()), (cls, snapshot.changed())
+        monkeypatch.undo()
