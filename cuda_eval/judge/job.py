@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import secrets
 import socket
@@ -89,7 +90,7 @@ WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "can
                "python_torch_calls", "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams",
                "own_kernel_launches", "kernel_trace_skipped", "identity_changes", "call_windows", "call_groups",
                "call_foreign_kernels", "call_trace_skipped")
-WORKER_META_ITEMS = {"call_windows": 512}   # one window per group: up to ~260 groups (group size 1), the worker sends 512
+WORKER_META_ITEMS = {"call_windows": 2048}  # one window per group and retry: ~260 groups of one call, 3 retries each
 
 
 class WorkerLost(Exception):
@@ -862,12 +863,11 @@ class Job:
         windows = self.meta.get("call_windows")
         if self.meta.get("call_trace_skipped") or not isinstance(windows, list):
             return False
-        if len(windows) != len(self.groups) or not all(
-                isinstance(w, list) and w and isinstance(w[0], (int, float)) for w in windows):
+        if len(windows) != len(self.groups) or not all(_busy_ms(w) is not None for w in windows):
             self.flag("timing_inconsistent", f"the kernel trace of the calls shows {len(windows)} groups where "
                                              f"{len(self.groups)} ran (a kernel named like ours, or a broken trace)")
             return False
-        busy = sum(float(w[0]) for w in windows)
+        busy = sum(_busy_ms(w) for w in windows)
         reported = sum(sum(g["times"]) for g in self.groups)
         calls = sum(g["n"] for g in self.groups)
         self.meta["call_trace"] = {"busy_ms": round(busy, 4), "reported_ms": round(reported, 4), "calls": calls}
@@ -1171,6 +1171,19 @@ def _peak_rss_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _busy_ms(window: Any) -> float | None:
+    """A trace window's GPU milliseconds (worker meta: [busy_ms, own kernels, kernels]), None unless a finite number
+    >= 0 (the worker is in the candidate's process: anything else is a broken or forged trace, not our error)."""
+    if not isinstance(window, list) or not window or isinstance(window[0], bool) or \
+            not isinstance(window[0], (int, float)):
+        return None
+    try:
+        busy = float(window[0])
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return busy if math.isfinite(busy) and busy >= 0 else None
 
 
 def _plain(value: Any, depth: int = 0, items: int = 64) -> Any:

@@ -367,3 +367,16 @@ def test_a_report_faster_than_the_card_writes_its_outputs_is_bound():
     assert honest.timing["write_floor_ms"] == pytest.approx(floor_ms, rel=1e-4)
     assert forged.timing["median_ms"] == pytest.approx(floor_ms, rel=1e-4) and forged.timing["capped"]
     assert [f["code"] for f in forged.flags] == ["timing_inconsistent"] and "writing its outputs" in forged.flags[0]["reason"]
+
+
+@pytest.mark.parametrize("busy", [10 ** 400, -1.0, float("nan"), True, "2.0", None])
+def test_a_forged_or_broken_trace_window_is_a_flag_not_our_error(busy):
+    """The windows come from the candidate's process: a value no trace gives (too large for a float, negative, not
+    a number) is a broken trace (flagged, and the wall clock binds tightly), never an exception in the judge."""
+    from cuda_eval.judge.job import _plain
+    job = _job("cuda")
+    job.groups = [{"n": 2, "times": [1.0, 1.0]} for _ in range(2)]
+    job.meta.update(call_windows=_plain([[1.9, 2, 2], [busy, 2, 2]], items=2048), call_foreign_kernels={})
+    job._reference_kernels = lambda: []
+    assert job.judge_call_trace() is False
+    assert [f["code"] for f in job.flags] == ["timing_inconsistent"]
