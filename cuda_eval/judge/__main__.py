@@ -19,6 +19,7 @@ import traceback
 import torch
 
 from cuda_eval.judge.job import Job
+from cuda_eval.profile import kernel_profiler
 from cuda_eval.protocol import channel, timing, tracing
 from cuda_eval.protocol.channel import ChannelError
 from cuda_eval.protocol.harness import MAX_ERROR_CHARS, Device, format_exception, milestone, process_arguments
@@ -33,24 +34,6 @@ def _loop_overhead_ms(device: Device) -> float:
     t0 = _monotonic()
     device.timer.time(lambda _k: None, warmup=0, reps=calls, l2_flush_bytes=timing.l2_flush_bytes(device.type))
     return max(0.02, 2.0 * (_monotonic() - t0) * 1e3 / calls)
-
-
-def _copy_bandwidth(device: Device) -> float:
-    """The card's copy bandwidth, bytes read and written per second (a 256 MiB device-to-device copy, best of 5):
-    the output-write bound of every timing (Job._bound_by_output_writes)."""
-    n = 256 << 20
-    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * n / best
 
 
 def _start_kernel_tracing(device: Device) -> None:
@@ -107,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
             device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
             if device.type == "cuda":
                 _start_kernel_tracing(device)
-                try:
-                    device.info["copy_bytes_per_s"] = _copy_bandwidth(device)
+                try:   # the output-write bound of every timing (Job._bound_by_output_writes), and the profiles'
+                    device.info["copy_bytes_per_s"] = kernel_profiler.copy_bandwidth(device.type) * 1e9
                 except Exception as e:  # noqa: BLE001 - then timings go without the output-write bound (info says why)
                     device.info["copy_bandwidth_error"] = f"{type(e).__name__}: {e}"[:300]
     except BaseException as e:

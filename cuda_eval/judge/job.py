@@ -1043,11 +1043,13 @@ class Job:
         return header.get("profile")
 
     def _device_facts(self, deadline: float) -> dict:
-        """Copy bandwidth (measured once per judge, holding the device lock: no timing runs meanwhile) and the
-        occupancy limits of the device."""
+        """Copy bandwidth (measured once per judge, at its start on a GPU, else here holding the device lock: no
+        timing runs meanwhile) and the occupancy limits of the device."""
         if not _DEVICE_FACTS:
-            with self.device.exclusive(deadline):
-                gbps = kernel_profiler.copy_bandwidth(self.device.type)
+            gbps = (self.device.info.get("copy_bytes_per_s") or 0) / 1e9
+            if not gbps:
+                with self.device.exclusive(deadline):
+                    gbps = kernel_profiler.copy_bandwidth(self.device.type)
             _DEVICE_FACTS.update(copy_gbps=round(gbps, 1) if gbps else None,
                                  limits=kernel_profiler.device_limits(self.device.type))
         return _DEVICE_FACTS

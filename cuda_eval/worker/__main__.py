@@ -73,9 +73,8 @@ def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
     of the harness, the timers and the kernel trace's session among them (the time that enters the reward, and
     under a trace that judged every group the wall clock's allowance, rest on what they report)."""
     # This module is __main__ here (python -m): its functions and classes are watched like torch's.
-    own = [sys.modules[__name__], channel, wire, harness, timing, tracing, device_kernels, dynamic_checks]
     return dynamic_checks.IdentitySnapshot(
-        dynamic_checks.default_watch_modules() + own,
+        dynamic_checks.default_watch_modules() + [sys.modules[__name__]],
         dynamic_checks.default_watch_classes() + [
             task.Model, Worker, Device, dynamic_checks.ForwardTrace, tracing.KernelTrace,
             dynamic_checks.IdentitySnapshot, dynamic_checks.ThreadWatch, dynamic_checks.KernelSession,

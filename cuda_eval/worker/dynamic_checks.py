@@ -324,7 +324,8 @@ def default_watch_modules() -> list[types.ModuleType]:
             torch.nn.init, torch.linalg, torch.fft, torch.special]
     for name in ("cuda_eval._native", "cuda_eval.protocol.tensors", "cuda_eval.protocol.tracing",
                  "cuda_eval.worker.dynamic_checks", "cuda_eval.protocol.timing", "cuda_eval.worker",
-                 "cuda_eval.protocol.harness", "cuda_eval.protocol.channel", "cuda_eval.protocol.wire"):
+                 "cuda_eval.protocol.harness", "cuda_eval.protocol.channel", "cuda_eval.protocol.wire",
+                 "cuda_eval.protocol.device_kernels"):
         if name in sys.modules:
             mods.append(sys.modules[name])
     return mods
