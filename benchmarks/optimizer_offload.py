@@ -27,7 +27,8 @@ Variants:
   host_backend        the state as arrays of JAX's CPU backend; gradients gathered to the host (device_get), AdamW
                       jitted for the CPU backend, the new bf16 weights put back on the GPU(s).
 
-Columns: ms per update; state GB/s = 2 x (master + moments bytes) / time (the state's traffic in and out, the
+Columns: the state's build (rl_state.init_state from float32 weights on the GPUs: seconds, and host bytes per
+second); ms per update; state GB/s = 2 x (master + moments bytes) / time (the state's traffic in and out, the
 definition of the issue's 53 GB/s data point); peak GB of the first GPU (allocator peak, init included); the
 projection to QwQ-32B on 4 GPUs (8.19G parameters per GPU) per update and per RL step (2 updates): for the per-GPU
 mechanisms (resident, pinned_host_*) the time per parameter of one GPU's shard (valid as measured when run on the 4
@@ -266,13 +267,17 @@ def run_one(variant: str, billions_per_gpu: float, args) -> dict:
 
 # ---------------------------------------------------------------------------------------------- driver
 def table(results: list[dict]) -> str:
-    lines = ["| variant | GPUs | params/GPU (G) | layers | ms/update | state GB/s | peak GB (GPU 0) | "
-             "QwQ-32B on 4 GPUs: s/update | s/RL step (2 updates) | status |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | GPUs | params/GPU (G) | layers | state built: s (host GB/s) | ms/update | state GB/s | "
+             "peak GB (GPU 0) | QwQ-32B on 4 GPUs: s/update | s/RL step (2 updates) | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         get = lambda k: r.get(k, "-") if r.get(k) is not None else "-"
+        built = "-"
+        if r.get("init_s") is not None:
+            rate = r.get("host_state_bytes", 0) / r["init_s"] / GB if r["init_s"] and r.get("host_state_bytes") else 0
+            built = f"{r['init_s']} ({rate:.1f})" if rate else f"{r['init_s']}"
         lines.append(f"| {r['variant']} | {get('gpus')} | {r.get('params_per_gpu', 0) / 1e9:.2f} | {get('layers')} | "
-                     f"{get('ms')} | {get('state_gbps')} | {get('peak_gb')} | {get('projected_32b_x4_s')} | "
+                     f"{built} | {get('ms')} | {get('state_gbps')} | {get('peak_gb')} | {get('projected_32b_x4_s')} | "
                      f"{get('projected_step_s')} | {r.get('status', '-')[:90]} |")
     return "\n".join(lines)
 

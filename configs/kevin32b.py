@@ -34,21 +34,23 @@ env.max_response_tokens=8192 throughout; a departure from the recipe, logged at 
 published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
 free space at start): a 4-GPU node's 235 GB local disk holds none.
 
-What to expect: measured so far on 4 x H100 with random weights (docs/LOG.md, "4 x H100: Kevin-32B at full size up to
-its first update" and "4 x H100, second run"): load 16 s, the host state built in 265 s, decoding ~18.5 ms per token
-step at 4 live sequences (26% of the bandwidth roofline at that batch) and, in the sampler benchmark, 25.1 / 26.3 /
-31.1 ms at 32 / 64 / 128 (65 / 61 / 52%), 76.8 GiB per GPU in use; a full-size update not yet (the second run's
-host state overran the host's memory before XLA's pinned pools were capped to it: kevin_jax/placement.py, which
-caps them at 110 GiB per GPU on 4 GPUs, 56 on 8, and refuses a host without that room plus 32 GiB). Plan of one
-full step, before measurement (512 samples of ~4k prompt + ~12k
-response tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth
-roofline, weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200
-(decoding ~14 min, the updates ~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped
-(~18 + ~32). The updates bound every node; evaluation overlaps decoding. A console line per step (score,
-correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch
-rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
-ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
-(small). Held-out evaluation every 10 steps. Kill it at any point and re-run the same command to resume.
+What to expect: measured so far with random weights (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first
+update", "4 x H100, second run" and "4 x H200"): load 12-16 s, the host state built in 265-275 s, decoding ~18.5 ms
+per token step at 4 live sequences (26% of the bandwidth roofline at that batch) and, in the sampler benchmark, 25.1 /
+26.3 / 31.1 ms at 32 / 64 / 128 (65 / 61 / 52%) on 4 x H100; a full-size update not yet: the host's memory ran out
+twice, first to XLA's uncapped pinned pools, then (pools capped at 110 GiB per GPU on 4 GPUs, 56 on 8) to the
+evaluator's 32 spare workers beside them. kevin_jax/placement.py now counts pools, trainer and evaluator against the
+host's RAM and refuses what does not fit; the 4-GPU layouts keep 2 spare workers per GPU; gpu.host_memory_floor stops
+a run whose host runs out anyway (the largest-output tasks on every GPU at once need up to ~70 GiB more). Plan of one
+full step, before measurement (512 samples of ~4k prompt + ~12k response tokens; two updates of 8 N FLOPs per token
+plus attention at 40% MFU; decoding at 60% of the bandwidth roofline, weights + KV read per token step, as many
+sequences at once as the KV room holds): ~45 min on 8 x H200 (decoding ~14 min, the updates ~27), ~1.5 h on 4 x H200
+(~30 + ~54), ~50 min on 4 x H100 with its rows capped (~18 + ~32). The updates bound every node; evaluation overlaps
+decoding. A console line per step (score, correctness, sampling / evaluation / update / optimizer / checkpoint time,
+peak HBM, host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first
+tens of steps, later turns above earlier ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of
+collapse) and update0/logprob_mismatch_abs (small). Held-out evaluation every 10 steps. Kill it at any point and
+rerun the same command to resume.
 """
 import dataclasses
 import logging
@@ -69,13 +71,17 @@ class Layout:
     grad_dtype: str             # optim.grad_dtype
     jax_memory_fraction: float
     max_row_tokens: int = 0     # 0 = the recipe's (prompt 16k + response 22k, QwQ's 40k context)
+    eval_spares: int = 0        # eval.spare_workers (0 = cuda_eval's default: up to 8 per GPU by the cores)
 
 
+# 4-GPU nodes (512 GB of RAM) pin 440 GiB for the optimiser state: their evaluator keeps 2 spare workers per GPU
+# (kevin_jax/placement.py counts the host memory; with 8 each the host thrashed). At 32B the steps are bound by
+# sampling, not by workers starting.
 LAYOUTS = {
     "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
     "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
-    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85),
-    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=2),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=2),
 }
 
 
@@ -125,6 +131,8 @@ def get_config(layout: str = "auto"):
     c.optim.offload = node.offload
     c.optim.grad_dtype = node.grad_dtype
     c.gpu.jax_memory_fraction = node.jax_memory_fraction
+    if node.eval_spares:
+        c.eval.spare_workers = node.eval_spares
     if node.max_row_tokens:
         c.env.max_prompt_tokens = 4096
         c.env.max_response_tokens = node.max_row_tokens - c.env.max_prompt_tokens

@@ -43,7 +43,10 @@ from cuda_eval.sandbox import safe_dirs
 log = logging.getLogger(__name__)
 JUDGE_MARGIN_S = 60.0      # the judge's own work (reference, comparisons) on top of the job's timeout
 JUDGE_MAX_JOBS = 500       # a fresh judge after this many jobs (task modules and caches pile up in one process)
-HOST_MEMORY_RESERVE = 2 << 30     # host memory an output buffer must leave free (the processes' own needs)
+HOST_MEMORY_RESERVE = 2 << 30     # host memory an output buffer must leave free (the processes' own needs) ...
+HOST_MEMORY_RESERVE_FRACTION = 0.02  # ... or this share of the host's memory, if more: above the floor a trainer
+#                                      beside us stops at (kevin_jax gpu.host_memory_floor, 1%), since a host out of
+#                                      memory with most of it pinned (an offloaded optimiser state) thrashes
 UNCHECKED_OUTPUT_BYTES = 256 << 20  # smaller output needs are granted without reading the host's free memory
 JUDGE_OWN_MEMORY = 6 << 30        # host memory of a judge process beside a job's outputs (torch, CUDA, CUPTI, task)
 
@@ -483,7 +486,7 @@ class GpuPool:
             token = next(self._counter)
             while need > UNCHECKED_OUTPUT_BYTES:
                 others = sum(self._granted.values())
-                free = host_memory_available() - HOST_MEMORY_RESERVE
+                free = host_memory_available() - host_memory_reserve()
                 if need <= free - others:
                     break
                 if not others:
@@ -531,6 +534,13 @@ def _too_large(message: str, available: int | None) -> MemoryError:
     e = MemoryError(message)
     e.available = available
     return e
+
+
+def host_memory_reserve() -> int:
+    """Host memory an output buffer must leave free: HOST_MEMORY_RESERVE, or HOST_MEMORY_RESERVE_FRACTION of the
+    host's memory on a large host."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(HOST_MEMORY_RESERVE, int(HOST_MEMORY_RESERVE_FRACTION * total))
 
 
 def host_memory_available() -> int:

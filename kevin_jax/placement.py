@@ -41,14 +41,20 @@ class GpuConfig:
     jax_devices: GPU indices JAX uses: "all" or e.g. "0,1,2,3".
     jax_memory_fraction: cap on JAX's share of each GPU it shares with cuda_eval (XLA_PYTHON_CLIENT_MEM_FRACTION).
     preallocate: let JAX preallocate its pool (on shared GPUs it never does: cuda_eval needs room to grow).
+    host_memory_floor: the trainer stops with an error when the host's available memory stays under this fraction
+      of its RAM (kevin_jax.host_memory: a host out of memory with most of it pinned thrashes instead of failing);
+      0 = no watch.
     """
     jax_devices: str = "all"
     jax_memory_fraction: float = 0.6
     preallocate: bool = True
+    host_memory_floor: float = 0.01
 
     def __post_init__(self):
         if not 0.05 <= self.jax_memory_fraction <= 1.0:
             raise ValueError(f"gpu.jax_memory_fraction must be in [0.05, 1], got {self.jax_memory_fraction}")
+        if not 0.0 <= self.host_memory_floor < 0.5:
+            raise ValueError(f"gpu.host_memory_floor must be in [0, 0.5), got {self.host_memory_floor}")
         parse_indices(self.jax_devices, "gpu.jax_devices")
 
 
@@ -143,8 +149,14 @@ HOST_POOL_SLACK = 1.18            # the pool's room beyond the GPU's share of th
 #   doubling size and a leaf never spans two, so regions end part-empty; a model of XLA's allocator placing QwQ-32B's
 #   leaves (tests/kevin_jax/test_host_pool.py) needs 1.07-1.16x the share, depending on the order of the leaves
 HOST_POOL_EXTRA_GIB = 1           # ... plus this (rounding; staged transfers have a pool of their own)
-HOST_RESERVE_GIB = 32             # host memory left beside the pools: the trainer's own (~19 GB at 32B), XLA's
-#                                   pool for staged transfers, the evaluator's processes, a checkpoint's buffers
+# Host memory beside the pools. Measured at full size on 4 GPUs (docs/LOG.md, 2026-11-27, "4 x H200"): 36 GiB in use
+# before the state was built (the trainer starting, 4 judges and 32 spare workers), 62 GiB beside the 440 GiB of
+# pools once it was; the host (503 GiB) then thrashed.
+HOST_TRAINER_GIB = 24             # the trainer process: CUDA contexts, compiled programs, XLA's staging pool
+EVAL_PROCESS_GIB = 0.8            # one idle cuda_eval process (a judge or a spare worker: torch and a CUDA context)
+EVAL_JOB_GIB = 2.0                # a running candidate's inputs and outputs, judge and worker (KernelBench levels
+#                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU)
+HOST_KERNEL_FRACTION = 0.02       # the kernel's own: page tables of the pinned pools, slabs, a working set of cache
 
 
 def host_pool_gib(param_count: int, state_shards: int) -> int:
@@ -154,8 +166,17 @@ def host_pool_gib(param_count: int, state_shards: int) -> int:
     return -(-int(share * HOST_POOL_SLACK) // (1 << 30)) + HOST_POOL_EXTRA_GIB
 
 
+def host_budget_gib(pool_gib: int, jax_gpus: int, eval_gpus: int, eval_spares: int, ram_gib: int) -> dict:
+    """Host memory of an offloaded run by part, GiB: the pinned pools, the trainer, the evaluator (per GPU it
+    evaluates on: a judge, its spare workers and one running job), the kernel's share; and what is left."""
+    parts = {"pools": pool_gib * jax_gpus, "trainer": HOST_TRAINER_GIB,
+             "evaluator": eval_gpus * ((1 + eval_spares) * EVAL_PROCESS_GIB + EVAL_JOB_GIB),
+             "kernel": HOST_KERNEL_FRACTION * ram_gib}
+    return {**parts, "left": ram_gib - sum(parts.values())}
+
+
 def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
-                  environ: dict | None = None) -> dict[str, str]:
+                  environ: dict | None = None, eval_gpus: int = 0, eval_spares: int = 0) -> dict[str, str]:
     """The cap of XLA's pinned-host pool of each GPU for an offloaded state: its share of the state and room for the
     allocator's growth. XLA's default (64 GiB per GPU) holds less than one GPU's share of QwQ-32B on 4 GPUs (91.5
     GiB); uncapped, each pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on 4 x H100 (503
@@ -167,24 +188,32 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
     _, fsdp, tensor = mesh_shape(mesh, jax_gpus * processes)
     pool = host_pool_gib(param_count, fsdp * tensor)
     ram = host_memory_gib()
-    if pool * jax_gpus + HOST_RESERVE_GIB > ram:
+    budget = host_budget_gib(pool, jax_gpus, eval_gpus, eval_spares, ram)
+    if budget["left"] < 0:
         raise ValueError(
             f"optim.offload='pinned_host': the optimiser state ({param_count * HOST_STATE_BYTES_PER_PARAM / 1e9:.0f} "
             f"GB: float32 master weights and two AdamW moments, sharded {fsdp * tensor} ways) needs a pinned-host "
-            f"pool of {pool} GiB on each of this host's {jax_gpus} GPUs ({pool * jax_gpus} GiB) plus "
-            f"{HOST_RESERVE_GIB} GiB for the processes, and this machine has {ram} GiB: shard it over more GPUs or "
-            f"hosts (mesh), or use optim.offload=none")
+            f"pool of {pool} GiB on each of this host's {jax_gpus} GPUs ({budget['pools']} GiB); with the trainer "
+            f"({budget['trainer']} GiB), the evaluator on {eval_gpus} GPU(s) with {eval_spares} spare worker(s) each "
+            f"({budget['evaluator']:.0f} GiB) and the kernel's share ({budget['kernel']:.0f} GiB) that is "
+            f"{ram - budget['left']:.0f} GiB, and this machine has {ram} GiB: set eval.spare_workers lower, evaluate "
+            f"on fewer GPUs (eval.devices), shard the state over more GPUs or hosts (mesh), or use "
+            f"optim.offload=none")
+    log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.0f, "
+             "kernel %.0f; %.0f of %d left", budget["pools"], pool, budget["trainer"], budget["evaluator"],
+             budget["kernel"], budget["left"], ram)
     return {"XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": str(pool)}
 
 
 def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, environ: dict | None = None,
                         offload: str = "none", param_count: int = 0,
-                        mesh: ParallelConfig | None = None) -> dict[str, str]:
+                        mesh: ParallelConfig | None = None, eval_spares: int = 0) -> dict[str, str]:
     """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set.
 
-    offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section. With the
-    optimiser state in pinned host memory each GPU's pinned-host pool is capped at its share of the state and the
-    allocator's room to grow (_offload_pool); a state the machine cannot hold is refused here, before any work."""
+    offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section; eval_spares: the
+    evaluator's spare workers per GPU. With the optimiser state in pinned host memory each GPU's pinned-host pool is
+    capped at its share of the state and the allocator's room to grow (_offload_pool); a state the machine cannot hold
+    beside the trainer and the evaluator is refused here, before any work."""
     environ = os.environ if environ is None else environ
     changes: dict[str, str] = {}
     if num_gpus == 0:
@@ -197,8 +226,9 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
         # JAX_CUDA_VISIBLE_DEVICES restricts JAX only; CUDA_VISIBLE_DEVICES would hide GPUs from cuda_eval's workers.
         changes["JAX_CUDA_VISIBLE_DEVICES"] = ",".join(map(str, jax_list))
     if offload == "pinned_host" and param_count:
+        eval_list = parse_indices(eval_devices, "eval.devices")
         changes.update(_offload_pool(param_count, len(jax_list) if jax_list is not None else num_gpus, mesh,
-                                     environ))
+                                     environ, len(eval_list) if eval_list is not None else num_gpus, eval_spares))
     shared = shared_gpus(config.jax_devices, eval_devices, num_gpus)
     if shared:
         changes["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{config.jax_memory_fraction:.3f}"
@@ -217,10 +247,14 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
 
 def place_run(config: Any, num_gpus: int, environ: dict | None = None) -> dict[str, str]:
     """apply_gpu_placement for a run's config (sections gpu, eval, optim, model, mesh), before JAX starts."""
-    param_count = 0
+    param_count, spares = 0, 0
     if config.optim.offload == "pinned_host" and num_gpus:
+        from cuda_eval.api import auto_spare_workers      # no torch, no jax
         from kevin_jax.model import shapes   # no jax
         param_count = shapes.architecture_of(config.model.hf_checkpoint, config.model.shape).param_count()
+        eval_list = parse_indices(config.eval.devices, "eval.devices")
+        spares = config.eval.spare_workers or auto_spare_workers(len(eval_list) if eval_list is not None
+                                                                 else num_gpus)
     return apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, num_gpus, environ,
                                offload=config.optim.offload, param_count=param_count,
-                               mesh=ParallelConfig(**config.mesh))
+                               mesh=ParallelConfig(**config.mesh), eval_spares=spares)

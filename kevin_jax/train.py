@@ -47,7 +47,7 @@ from flax import nnx
 
 from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
-from kevin_jax import logs, multihost, parallel
+from kevin_jax import host_memory, logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, resolve_gpu_name
 from kevin_jax.env.submissions import share_gpus_with_evaluator
 from kevin_jax.env.trajectory import Trajectory, step_path, write_trajectories
@@ -142,6 +142,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
     workdir.mkdir(parents=True, exist_ok=True)
 
     with contextlib.ExitStack() as stack:
+        # a host out of memory (an offloaded state pins most of it) stops the run with an error instead of thrashing
+        stack.enter_context(host_memory.HostMemoryGuard(host_memory.floor_bytes(spec.gpu.host_memory_floor)))
         if evaluator is None:
             evaluator = stack.enter_context(make_evaluator(spec))
         mode = getattr(evaluator, "mode", "full")

@@ -25,11 +25,13 @@
 # (/tmp/kevin32b), OUT (workdirs/kevin32b: logs, metrics, summary.txt), SHM (/dev/shm/kevin32b_ckpt), and a time
 # limit per stage in seconds: CHECKPOINT_S, SAMPLER_S, STEPS_S, RESUME_S.
 # Each stage appends its outcome to $OUT/summary.txt as it ends.
-# Measured on 4 x H100 (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first update" and "4 x H100, second
-# run"): checkpoint 53-62 s; steps: load 16 s, the host state 265 s, step 1's sampling 120 s, then the update's
-# compiles (more than 450 s in all: give STEPS_S 900 or more; the second run's host state overran the host's memory,
-# since fixed by sizing XLA's pinned pools, not yet rerun); resume 282 s for both runs; sampler: decode at B = 32,
-# 64, 128 in 150 s, then the end to end (prefill) ran out of GPU memory (since given half the pool, not yet rerun).
+# Measured on 4 x H100 and 4 x H200 (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first update", "4 x H100,
+# second run", "4 x H200"): checkpoint 53-62 s; steps: load 12-16 s, the host state 265-275 s, step 1's sampling
+# 120 s, then the update's compiles (more than 450 s in all: give STEPS_S 900 or more). The full-size update has not
+# run yet: the host's memory ran out in the second and third runs (first XLA's uncapped pinned pools, then 32 spare
+# evaluator workers beside the capped pools; both now counted by kevin_jax/placement.py, and gpu.host_memory_floor
+# stops a run whose host runs out). resume 282 s for both runs; sampler: decode at B = 32, 64, 128 in 150 s, then the
+# end to end (prefill) ran out of GPU memory (since given half the pool, not yet rerun).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -65,9 +67,13 @@ free -g | tee -a "$SUMMARY"; df -h / /dev/shm | tee -a "$SUMMARY"; git rev-parse
 # that a second call of this script (other stages, the same OUT) keeps the first one's lines.
 nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader -lms 1000 >> "$OUT/gpu_memory.csv" &
 SMI_PID=$!
-( while sleep 2; do echo "$(date +%s) $(free -b | awk '/Mem:/ {print $3}')"; done ) >> "$OUT/host_memory.txt" &
+# Host memory: seconds, bytes in use, bytes available (MemAvailable); every 10 s the largest processes by RSS.
+( while sleep 2; do echo "$(date +%s) $(free -b | awk '/Mem:/ {print $3, $7}')"; done ) >> "$OUT/host_memory.txt" &
 FREE_PID=$!
-trap 'kill $SMI_PID $FREE_PID 2>/dev/null' EXIT
+( while sleep 10; do echo "== $(date +%s)"; ps -eo rss=,pid=,comm= --sort=-rss | head -8; done ) \
+  >> "$OUT/host_processes.txt" &
+PS_PID=$!
+trap 'kill $SMI_PID $FREE_PID $PS_PID 2>/dev/null' EXIT
 
 # Capped so that the steps and resume stages fit half an hour of the node; each step still runs both updates of its
 # batch, and rl.skip_zero_advantage=False keeps the zero-advantage samples (random weights: every reward is 0) in the

@@ -356,9 +356,9 @@ def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkey
                             mesh=placement.ParallelConfig(**mesh))
         assert "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE" not in env   # would size XLA's staging pool alike
         return int(env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"])
-    assert pool(4) == 110 and 4 * 110 + placement.HOST_RESERVE_GIB <= 503
+    assert pool(4) == 110
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 2015)       # a 2 TB host (8-GPU nodes have them)
     assert pool(8) == 56                                                  # 8 GPUs: half the share each
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 2015)       # a 2 TB host
     assert pool(8, data=2) == pool(8, data=-1, fsdp=4) == pool(4)          # sharded 4 ways: a 4-GPU share each
     assert pool(4, num_processes=2) == pool(8)                             # two hosts of 4: sharded 8 ways
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 256)
@@ -369,7 +369,33 @@ def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkey
     with pytest.raises(ValueError, match="num_processes"):
         placement.process_count(placement.ParallelConfig(), {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
     assert placement.process_count(placement.ParallelConfig(), {"SLURM_NTASKS": "2"}) == 2
-    # the run's own config: configs/kevin32b.py on a 4-GPU node
+    # the run's own config: configs/kevin32b.py on a 4-GPU node (its layout keeps 2 spare workers per GPU)
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
-    changes = placement.place_run(_load("kevin32b", "--config.model.shape=qwq_32b").lock(), 4, environ={})
+    config = _load("kevin32b", "--config.model.shape=qwq_32b", arg=":h100x4")
+    assert config.eval.spare_workers == 2
+    changes = placement.place_run(config.lock(), 4, environ={})
     assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
+
+
+def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
+    """Measured at full size on 4 GPUs of a 503 GiB host: the 440 GiB of pools, the trainer and an evaluator with 8
+    spare workers per GPU (cuda_eval's default on 64 cores) left nothing and the host thrashed for 13 minutes. That
+    node is refused with the evaluator's default, and taken with 2 spares per GPU (configs/kevin32b.py's 4-GPU
+    layouts); the budget's parts add up to the host."""
+    from kevin_jax import placement
+    from kevin_jax.model import shapes
+    qwq = shapes.named_config("qwq_32b").param_count()
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
+
+    def place(spares, eval_devices="all"):
+        return apply_gpu_placement(GpuConfig(), eval_devices, 4, {}, offload="pinned_host", param_count=qwq,
+                                   eval_spares=spares)
+    with pytest.raises(ValueError, match="eval.spare_workers") as refused:
+        place(8)
+    assert "8 spare worker(s)" in str(refused.value) and "503 GiB" in str(refused.value)
+    assert place(2)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
+    assert place(8, eval_devices="0")                     # one GPU evaluating: its 8 spares fit
+    budget = placement.host_budget_gib(110, 4, 4, 2, 503)
+    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx(4 * (3 * 0.8 + 2))
+    assert sum(v for k, v in budget.items() if k != "left") + budget["left"] == pytest.approx(503)
+    assert placement.host_budget_gib(110, 4, 4, 8, 503)["left"] < 0
