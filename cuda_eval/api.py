@@ -30,10 +30,13 @@ from cuda_eval.protocol.job import DynamicChecks, JobConfig, JobPayload, JobTimi
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
 from cuda_eval.static import checks
 from cuda_eval.static.extraction import extract_code  # re-exported: env.parse uses the same extraction
+# re-exported: the trainer sizes and watches the host's memory by the same reading as the output buffers' grants
+from cuda_eval.gpu_pool import host_memory_available, host_memory_total  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "extract_code"]
+__all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "extract_code", "host_memory_available",
+           "host_memory_total"]
 
 
 @dataclasses.dataclass
@@ -132,6 +135,11 @@ class EvalConfig:
 def _usable_cpus() -> int:
     from cuda_eval.compile.pool import usable_cpus  # the pool module loads lazily, with the evaluator
     return usable_cpus()
+
+
+def compile_workers(config: EvalConfig) -> int:
+    """Builds at once: EvalConfig.compile_workers, or one per usable core."""
+    return config.compile_workers or _usable_cpus()
 
 
 def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
@@ -449,7 +457,7 @@ class Evaluator:
     def _make_compile_pool(self):
         from cuda_eval.compile import pool as cp
         cfg = self.config
-        wanted = {"workers": cfg.compile_workers or _usable_cpus(), "arch": self.arch,
+        wanted = {"workers": compile_workers(cfg), "arch": self.arch,
                   "cache_dir": cfg.cache_dir, "cache_max_bytes": cfg.cache_max_bytes,
                   "record_timeout_s": cfg.record_timeout_s, "compile_timeout_s": cfg.compile_timeout_s,
                   "max_log_chars": cfg.max_log_chars}

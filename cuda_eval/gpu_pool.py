@@ -538,9 +538,33 @@ def _too_large(message: str, available: int | None) -> MemoryError:
 
 def host_memory_reserve() -> int:
     """Host memory an output buffer must leave free: HOST_MEMORY_RESERVE, or HOST_MEMORY_RESERVE_FRACTION of the
-    host's memory on a large host."""
+    host's memory (its container's, where that is less) on a large host."""
+    return max(HOST_MEMORY_RESERVE, int(HOST_MEMORY_RESERVE_FRACTION * host_memory_total()))
+
+
+def _cgroup_memory() -> tuple[int, int, str] | None:
+    """(limit, usage, cgroup directory) of this process's memory cgroup where it has a limit (v2, else v1)."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            return int(limit), usage, os.path.dirname(limit_file)
+        return None
+    return None
+
+
+def host_memory_total() -> int:
+    """Bytes of memory of this host, or of its container's memory cgroup where that is less."""
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return max(HOST_MEMORY_RESERVE, int(HOST_MEMORY_RESERVE_FRACTION * total))
+    cgroup = _cgroup_memory()
+    return min(total, cgroup[0]) if cgroup else total
 
 
 def host_memory_available() -> int:
@@ -557,19 +581,10 @@ def host_memory_available() -> int:
         pass
     if avail is None:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            with open(limit_file) as f:
-                limit = f.read().strip()
-            with open(usage_file) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < (1 << 60):
-            avail = min(avail, max(0, int(limit) - usage + _cgroup_inactive_file(os.path.dirname(limit_file))))
-        break
+    cgroup = _cgroup_memory()
+    if cgroup:
+        limit, usage, directory = cgroup
+        avail = min(avail, max(0, limit - usage + _cgroup_inactive_file(directory)))
     return avail
 
 

@@ -3,11 +3,12 @@
 Why: a host that runs out of memory does not always kill anything. With most of its RAM pinned (an offloaded
 optimiser state: XLA's pinned-host pools cannot be paged out) and no swap, the kernel reclaims the last page cache
 (the code of every process) over and over and the machine crawls: the full-size Kevin-32B run on 4 GPUs sat 13
-minutes that way, all 503 GiB of its memory in use, until its time limit (docs/LOG.md, 2026-11-27, "4 x H200"). The
-guard turns that into a clear error within seconds: when the available memory (MemAvailable: free memory and what
-the kernel can reclaim) stays under the floor for HOLD_S, it logs the numbers and the largest processes, interrupts
-the main thread, and, if the run has not stopped GRACE_S later (a thread stuck in a device call), ends the process
-with EXIT_STATUS. Linux only (/proc); elsewhere it does nothing.
+minutes that way, all 503 GiB of its memory in use, until its time limit (docs/LOG.md, 2026-11-27, "4 x H200"); the
+memory had filled at 4 GiB/s. So the guard acts early and fast: when the available memory (cuda_eval's reading, the
+one its output buffers are granted by: MemAvailable, bounded by a container's limit) stays under the floor for
+HOLD_S, or falls under half of it once, it logs the numbers and the largest processes and raises HostMemoryError in
+the main thread (the run's clean-up runs; launch/train.py exits with EXIT_STATUS); if the run has not left the guard
+GRACE_S later (a thread stuck in a device call), it ends the process.
 """
 from __future__ import annotations
 
@@ -19,39 +20,30 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from cuda_eval.api import host_memory_available, host_memory_total
+
 log = logging.getLogger(__name__)
 
-HOLD_S = 15.0          # under the floor this long (not a passing dip: a checkpoint's buffers, an evaluator burst)
-POLL_S = 1.0
+HOLD_S = 5.0           # under the floor this long (not a passing dip: a checkpoint's buffers, an evaluator burst) ...
+POLL_S = 0.5
 GRACE_S = 30.0         # after interrupting the main thread, how long before the process is ended
 EXIT_STATUS = 75       # EX_TEMPFAIL: the machine, not the run's inputs
+STOP_SIGNAL = signal.SIGUSR1   # our own signal: SIGINT is ignored by background jobs of a non-interactive shell
 GiB = 1 << 30
 
 
-def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
-    """/proc/meminfo in bytes ({} where there is none)."""
-    out: dict[str, int] = {}
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[name] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    return out
-
-
-def available_bytes() -> int | None:
-    """MemAvailable in bytes, or None where the kernel does not say."""
-    return meminfo().get("MemAvailable")
+class HostMemoryError(RuntimeError):
+    """The host ran out of memory during the run (HostMemoryGuard)."""
 
 
 def largest_processes(n: int = 5, proc: str = "/proc") -> list[tuple[int, str, int]]:
-    """(pid, name, resident bytes) of the n processes with the most resident memory."""
+    """(pid, name, resident bytes) of the n processes with the most resident memory ([] without /proc)."""
     rows = []
-    for d in Path(proc).iterdir():
+    try:
+        entries = list(Path(proc).iterdir())
+    except OSError:
+        return []
+    for d in entries:
         if not d.name.isdigit():
             continue
         try:
@@ -65,34 +57,55 @@ def largest_processes(n: int = 5, proc: str = "/proc") -> list[tuple[int, str, i
     return sorted(rows, key=lambda r: -r[2])[:n]
 
 
+def floor_bytes(fraction: float) -> int:
+    """gpu.host_memory_floor (a fraction of the host's memory, or its container's) in bytes; 0 where it is off."""
+    return int(fraction * host_memory_total()) if fraction > 0 else 0
+
+
 class HostMemoryGuard:
     """Context manager: a daemon thread that calls `on_breach(message)` once when the host's available memory has
-    been under `floor_bytes` for `hold_s`. `read` returns the available bytes (None: no reading, the guard stops)."""
+    been under `floor_bytes` for `hold_s`, or under half of it once. `read` returns the available bytes (None: no
+    reading, the guard stops). The default action is `stop_run`."""
 
     def __init__(self, floor_bytes: int, hold_s: float = HOLD_S, poll_s: float = POLL_S,
-                 read: Callable[[], int | None] = available_bytes,
+                 read: Callable[[], int | None] = host_memory_available,
                  on_breach: Callable[[str], None] | None = None):
         self.floor_bytes, self.hold_s, self.poll_s = int(floor_bytes), hold_s, poll_s
-        self.read, self.on_breach = read, on_breach or self.end_run
+        self.read, self.on_breach = read, on_breach or self.stop_run
         self.message: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._previous_handler = None
+        self._on_main_thread = False
 
     def __enter__(self) -> "HostMemoryGuard":
-        if self.floor_bytes > 0 and self.read() is not None:
-            self._thread = threading.Thread(target=self._watch, name="host-memory-guard", daemon=True)
-            self._thread.start()
+        if self.floor_bytes <= 0 or self.read() is None:
+            return self
+        self._on_main_thread = threading.current_thread() is threading.main_thread()
+        if self._on_main_thread:
+            self._previous_handler = signal.signal(STOP_SIGNAL, self._raise)
+        self._thread = threading.Thread(target=self._watch, name="host-memory-guard", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not None:
             self._thread.join(timeout=2 * self.poll_s + 1)
+        if self._on_main_thread:
+            signal.signal(STOP_SIGNAL, self._previous_handler)
+            self._on_main_thread = False
 
-    def end_run(self, message: str) -> None:
-        """The default action: SIGINT to the main thread (KeyboardInterrupt, even out of a blocking call: the run's
-        cleanup runs and leaves the guard); if the run has not left it GRACE_S later, end the process."""
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    def _raise(self, signum, frame) -> None:
+        raise HostMemoryError(self.message or "host memory exhausted")
+
+    def stop_run(self, message: str) -> None:
+        """HostMemoryError in the main thread (only when the guard was entered there: another thread's run cannot be
+        interrupted); if the run has not left the guard GRACE_S later, end the process."""
+        if self._stop.is_set():           # the run ended while the numbers were being gathered
+            return
+        if self._on_main_thread:
+            signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
         if not self._stop.wait(GRACE_S):
             log.error("the run did not stop within %.0f s of the host-memory error: ending the process", GRACE_S)
             logging.shutdown()
@@ -109,21 +122,14 @@ class HostMemoryGuard:
                 continue
             now = time.monotonic()
             under_since = now if under_since is None else under_since
-            if now - under_since >= self.hold_s:
-                total = meminfo().get("MemTotal", 0)
+            if now - under_since >= self.hold_s or available < self.floor_bytes // 2:
                 top = ", ".join(f"{name} (pid {pid}) {rss / GiB:.1f} GiB" for pid, name, rss in largest_processes())
                 self.message = (
-                    f"host memory exhausted: {available / GiB:.1f} GiB available of {total / GiB:.0f} GiB for "
-                    f"{now - under_since:.0f} s (floor gpu.host_memory_floor: {self.floor_bytes / GiB:.1f} GiB); "
-                    f"stopping the run before the machine thrashes. Largest processes: {top or 'unknown'}. "
-                    f"With optim.offload=pinned_host the optimiser state's pools are pinned: run fewer evaluator "
-                    f"processes (eval.spare_workers, eval.devices) or shard the state over more hosts")
+                    f"host memory exhausted: {available / GiB:.1f} GiB available of {host_memory_total() / GiB:.0f} "
+                    f"GiB (floor gpu.host_memory_floor: {self.floor_bytes / GiB:.1f} GiB); stopping the run before "
+                    f"the machine thrashes. Largest processes: {top or 'unknown'}. With optim.offload=pinned_host the "
+                    f"optimiser state's pools are pinned: run fewer evaluator processes (eval.spare_workers, "
+                    f"eval.compile_workers, eval.devices) or shard the state over more hosts")
                 log.error("%s", self.message)
                 self.on_breach(self.message)
                 return
-
-
-def floor_bytes(fraction: float, meminfo_path: str = "/proc/meminfo") -> int:
-    """gpu.host_memory_floor (a fraction of the host's memory) in bytes; 0 where it is off or unknown."""
-    total = meminfo(meminfo_path).get("MemTotal", 0)
-    return int(fraction * total) if fraction > 0 else 0

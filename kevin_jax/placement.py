@@ -42,8 +42,8 @@ class GpuConfig:
     jax_memory_fraction: cap on JAX's share of each GPU it shares with cuda_eval (XLA_PYTHON_CLIENT_MEM_FRACTION).
     preallocate: let JAX preallocate its pool (on shared GPUs it never does: cuda_eval needs room to grow).
     host_memory_floor: the trainer stops with an error when the host's available memory stays under this fraction
-      of its RAM (kevin_jax.host_memory: a host out of memory with most of it pinned thrashes instead of failing);
-      0 = no watch.
+      of its RAM for seconds, or falls under half of it (kevin_jax.host_memory: a host out of memory with most of it
+      pinned thrashes instead of failing); 0 = no watch.
     """
     jax_devices: str = "all"
     jax_memory_fraction: float = 0.6
@@ -139,8 +139,9 @@ def shared_gpus(jax_devices: Any, eval_devices: Any, num_gpus: int) -> list[int]
 
 
 def host_memory_gib() -> int:
-    """This machine's physical memory in GiB (rounded down)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 30
+    """This machine's memory in GiB (its container's, where that is less; rounded down)."""
+    from cuda_eval.api import host_memory_total     # no torch, no jax
+    return host_memory_total() >> 30
 
 
 # The pinned-host pool of each GPU for an offloaded optimiser state (optim.offload="pinned_host").
@@ -150,13 +151,41 @@ HOST_POOL_SLACK = 1.18            # the pool's room beyond the GPU's share of th
 #   leaves (tests/kevin_jax/test_host_pool.py) needs 1.07-1.16x the share, depending on the order of the leaves
 HOST_POOL_EXTRA_GIB = 1           # ... plus this (rounding; staged transfers have a pool of their own)
 # Host memory beside the pools. Measured at full size on 4 GPUs (docs/LOG.md, 2026-11-27, "4 x H200"): 36 GiB in use
-# before the state was built (the trainer starting, 4 judges and 32 spare workers), 62 GiB beside the 440 GiB of
-# pools once it was; the host (503 GiB) then thrashed.
-HOST_TRAINER_GIB = 24             # the trainer process: CUDA contexts, compiled programs, XLA's staging pool
+# before the state was built (the trainer starting, 4 judges and 32 spare workers), ~62 GiB beside the 440 GiB of
+# pools once it was (the trainer ~25-28 of it); the host (503 GiB) then thrashed. Estimates by part, not a model:
+HOST_TRAINER_GIB = 28             # the trainer process: CUDA contexts, compiled programs, XLA's staging pool
 EVAL_PROCESS_GIB = 0.8            # one idle cuda_eval process (a judge or a spare worker: torch and a CUDA context)
 EVAL_JOB_GIB = 2.0                # a running candidate's inputs and outputs, judge and worker (KernelBench levels
-#                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU)
+#                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU: their output
+#                                   buffers wait for room or get task_too_large, cuda_eval.gpu_pool)
+COMPILE_JOB_GIB = 3.0             # one build of a candidate (nvcc with torch's headers: 2.8 GiB peak on the dev box)
 HOST_KERNEL_FRACTION = 0.02       # the kernel's own: page tables of the pinned pools, slabs, a working set of cache
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatorFootprint:
+    """The evaluator's processes beside the trainer: judges (one per GPU it runs kernels on), spare workers per
+    GPU, concurrent builds."""
+    gpus: int = 0
+    spares: int = 0
+    compile_workers: int = 0
+
+    @classmethod
+    def of(cls, eval_config: Any, num_gpus: int) -> "EvaluatorFootprint":
+        """From the eval config section (cuda_eval.api's defaults for the zeros)."""
+        from cuda_eval.api import auto_spare_workers, compile_workers     # no torch, no jax
+        builds = compile_workers(eval_config)
+        if eval_config.mode == "compile_only" or num_gpus == 0:
+            return cls(0, 0, builds)
+        if eval_config.device_type == "cpu":      # CPU-mode workers, no judges on GPUs
+            return cls(eval_config.cpu_workers, 0, builds)
+        listed = parse_indices(eval_config.devices, "eval.devices")
+        gpus = len(listed) if listed is not None else num_gpus
+        return cls(gpus, eval_config.spare_workers or auto_spare_workers(gpus), builds)
+
+    def gib(self) -> float:
+        return (self.gpus * ((1 + self.spares) * EVAL_PROCESS_GIB + EVAL_JOB_GIB)
+                + self.compile_workers * COMPILE_JOB_GIB)
 
 
 def host_pool_gib(param_count: int, state_shards: int) -> int:
@@ -166,39 +195,39 @@ def host_pool_gib(param_count: int, state_shards: int) -> int:
     return -(-int(share * HOST_POOL_SLACK) // (1 << 30)) + HOST_POOL_EXTRA_GIB
 
 
-def host_budget_gib(pool_gib: int, jax_gpus: int, eval_gpus: int, eval_spares: int, ram_gib: int) -> dict:
-    """Host memory of an offloaded run by part, GiB: the pinned pools, the trainer, the evaluator (per GPU it
-    evaluates on: a judge, its spare workers and one running job), the kernel's share; and what is left."""
-    parts = {"pools": pool_gib * jax_gpus, "trainer": HOST_TRAINER_GIB,
-             "evaluator": eval_gpus * ((1 + eval_spares) * EVAL_PROCESS_GIB + EVAL_JOB_GIB),
+def host_budget_gib(pool_gib: int, jax_gpus: int, evaluator: EvaluatorFootprint, ram_gib: int) -> dict:
+    """Host memory of an offloaded run by part, GiB: the pinned pools (they grow to their caps), the trainer, the
+    evaluator, the kernel's share; and what is left."""
+    parts = {"pools": pool_gib * jax_gpus, "trainer": HOST_TRAINER_GIB, "evaluator": evaluator.gib(),
              "kernel": HOST_KERNEL_FRACTION * ram_gib}
     return {**parts, "left": ram_gib - sum(parts.values())}
 
 
 def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
-                  environ: dict | None = None, eval_gpus: int = 0, eval_spares: int = 0) -> dict[str, str]:
+                  environ: dict | None, evaluator: EvaluatorFootprint) -> dict[str, str]:
     """The cap of XLA's pinned-host pool of each GPU for an offloaded state: its share of the state and room for the
     allocator's growth. XLA's default (64 GiB per GPU) holds less than one GPU's share of QwQ-32B on 4 GPUs (91.5
     GiB); uncapped, each pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on 4 x H100 (503
     GiB) the four pools took 472 GiB for a 366 GiB state and the kernel's OOM killer ended the run (docs/LOG.md,
     2026-11-27, "4 x H100, second run"). The pools grow on demand up to the cap (preallocation would also give XLA's
-    staging pool the same size: one pool more than the GPUs). A state the host cannot hold is refused here."""
+    staging pool the same size: one pool more than the GPUs). A state the host cannot hold beside the trainer and
+    the evaluator is refused here."""
     mesh = mesh or ParallelConfig()
     processes = process_count(mesh, environ)
     _, fsdp, tensor = mesh_shape(mesh, jax_gpus * processes)
     pool = host_pool_gib(param_count, fsdp * tensor)
     ram = host_memory_gib()
-    budget = host_budget_gib(pool, jax_gpus, eval_gpus, eval_spares, ram)
+    budget = host_budget_gib(pool, jax_gpus, evaluator, ram)
     if budget["left"] < 0:
         raise ValueError(
             f"optim.offload='pinned_host': the optimiser state ({param_count * HOST_STATE_BYTES_PER_PARAM / 1e9:.0f} "
             f"GB: float32 master weights and two AdamW moments, sharded {fsdp * tensor} ways) needs a pinned-host "
             f"pool of {pool} GiB on each of this host's {jax_gpus} GPUs ({budget['pools']} GiB); with the trainer "
-            f"({budget['trainer']} GiB), the evaluator on {eval_gpus} GPU(s) with {eval_spares} spare worker(s) each "
-            f"({budget['evaluator']:.0f} GiB) and the kernel's share ({budget['kernel']:.0f} GiB) that is "
-            f"{ram - budget['left']:.0f} GiB, and this machine has {ram} GiB: set eval.spare_workers lower, evaluate "
-            f"on fewer GPUs (eval.devices), shard the state over more GPUs or hosts (mesh), or use "
-            f"optim.offload=none")
+            f"({budget['trainer']} GiB), the evaluator ({evaluator.gpus} GPU(s) with {evaluator.spares} spare "
+            f"worker(s) each, {evaluator.compile_workers} build(s) at once: {budget['evaluator']:.0f} GiB) and the "
+            f"kernel's share ({budget['kernel']:.0f} GiB) that is {ram - budget['left']:.0f} GiB, and this machine has "
+            f"{ram} GiB: set eval.spare_workers or eval.compile_workers lower, evaluate on fewer GPUs (eval.devices), "
+            f"shard the state over more GPUs or hosts (mesh), or use optim.offload=none")
     log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.0f, "
              "kernel %.0f; %.0f of %d left", budget["pools"], pool, budget["trainer"], budget["evaluator"],
              budget["kernel"], budget["left"], ram)
@@ -207,13 +236,15 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
 
 def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, environ: dict | None = None,
                         offload: str = "none", param_count: int = 0,
-                        mesh: ParallelConfig | None = None, eval_spares: int = 0) -> dict[str, str]:
+                        mesh: ParallelConfig | None = None,
+                        evaluator: EvaluatorFootprint | None = None) -> dict[str, str]:
     """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set.
 
-    offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section; eval_spares: the
-    evaluator's spare workers per GPU. With the optimiser state in pinned host memory each GPU's pinned-host pool is
-    capped at its share of the state and the allocator's room to grow (_offload_pool); a state the machine cannot hold
-    beside the trainer and the evaluator is refused here, before any work."""
+    offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section; evaluator: the
+    evaluator's processes (default: a judge per GPU of eval_devices, nothing else). With the optimiser state in pinned
+    host memory each GPU's pinned-host pool is capped at its share of the state and the allocator's room to grow
+    (_offload_pool); a state the machine cannot hold beside the trainer and the evaluator is refused here, before any
+    work."""
     environ = os.environ if environ is None else environ
     changes: dict[str, str] = {}
     if num_gpus == 0:
@@ -226,9 +257,11 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
         # JAX_CUDA_VISIBLE_DEVICES restricts JAX only; CUDA_VISIBLE_DEVICES would hide GPUs from cuda_eval's workers.
         changes["JAX_CUDA_VISIBLE_DEVICES"] = ",".join(map(str, jax_list))
     if offload == "pinned_host" and param_count:
-        eval_list = parse_indices(eval_devices, "eval.devices")
+        if evaluator is None:
+            eval_list = parse_indices(eval_devices, "eval.devices")
+            evaluator = EvaluatorFootprint(len(eval_list) if eval_list is not None else num_gpus)
         changes.update(_offload_pool(param_count, len(jax_list) if jax_list is not None else num_gpus, mesh,
-                                     environ, len(eval_list) if eval_list is not None else num_gpus, eval_spares))
+                                     environ, evaluator))
     shared = shared_gpus(config.jax_devices, eval_devices, num_gpus)
     if shared:
         changes["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{config.jax_memory_fraction:.3f}"
@@ -247,14 +280,11 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
 
 def place_run(config: Any, num_gpus: int, environ: dict | None = None) -> dict[str, str]:
     """apply_gpu_placement for a run's config (sections gpu, eval, optim, model, mesh), before JAX starts."""
-    param_count, spares = 0, 0
+    param_count, evaluator = 0, None
     if config.optim.offload == "pinned_host" and num_gpus:
-        from cuda_eval.api import auto_spare_workers      # no torch, no jax
         from kevin_jax.model import shapes   # no jax
         param_count = shapes.architecture_of(config.model.hf_checkpoint, config.model.shape).param_count()
-        eval_list = parse_indices(config.eval.devices, "eval.devices")
-        spares = config.eval.spare_workers or auto_spare_workers(len(eval_list) if eval_list is not None
-                                                                 else num_gpus)
+        evaluator = EvaluatorFootprint.of(config.eval, num_gpus)
     return apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, num_gpus, environ,
                                offload=config.optim.offload, param_count=param_count,
-                               mesh=ParallelConfig(**config.mesh), eval_spares=spares)
+                               mesh=ParallelConfig(**config.mesh), evaluator=evaluator)

@@ -37,11 +37,15 @@ def main(argv):
     place_run(config, visible_gpu_count())
 
     from kevin_jax import train
+    from kevin_jax.host_memory import EXIT_STATUS, HostMemoryError
     try:
         train.run(config, _WORKDIR.value)
     except NoGpuError as e:
         logging.error("%s", e)
         sys.exit(2)
+    except HostMemoryError as e:      # logged with its numbers when it was raised
+        logging.error("stopped: %s", e)
+        sys.exit(EXIT_STATUS)
 
 
 if __name__ == "__main__":

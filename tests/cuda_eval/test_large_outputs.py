@@ -244,13 +244,15 @@ def test_output_buffers_leave_a_large_host_its_share_free(monkeypatch):
     """On a large host the grant leaves 2% of its memory free (not only 2 GiB): a trainer beside the evaluator stops
     its run below 1% (kevin_jax gpu.host_memory_floor), and a host with an offloaded optimiser state pinned thrashes
     before that. Fake sizes stand in for the host (500 GiB, 12 GiB available)."""
+    import os
     import threading
     import time
 
     from cuda_eval import gpu_pool
-    page = 4096
-    fake_sysconf = {"SC_PAGE_SIZE": page, "SC_PHYS_PAGES": (500 << 30) // page}
-    monkeypatch.setattr(gpu_pool.os, "sysconf", lambda name: fake_sysconf[name])
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 1 << 28 < gpu_pool.host_memory_total() <= physical       # the container's limit, where there is one
+    fake_total = {"bytes": 500 << 30}
+    monkeypatch.setattr(gpu_pool, "host_memory_total", lambda: fake_total["bytes"])
     monkeypatch.setattr(gpu_pool, "host_memory_available", lambda: 12 << 30)
     assert gpu_pool.host_memory_reserve() == 10 << 30
     pool = GpuPool.__new__(GpuPool)    # the grant's arithmetic only: no processes
@@ -259,5 +261,5 @@ def test_output_buffers_leave_a_large_host_its_share_free(monkeypatch):
     with pytest.raises(MemoryError, match="2.00 GiB available"):
         pool._reserve_host_memory(4 << 30, time.monotonic() + 1)
     pool._release_host_memory(pool._reserve_host_memory(1 << 30, time.monotonic() + 1))
-    fake_sysconf["SC_PHYS_PAGES"] = (24 << 30) // page               # a small host: the 2 GiB floor
+    fake_total["bytes"] = 24 << 30                                  # a small host: the 2 GiB floor
     assert gpu_pool.host_memory_reserve() == gpu_pool.HOST_MEMORY_RESERVE

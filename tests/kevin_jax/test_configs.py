@@ -369,33 +369,49 @@ def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkey
     with pytest.raises(ValueError, match="num_processes"):
         placement.process_count(placement.ParallelConfig(), {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
     assert placement.process_count(placement.ParallelConfig(), {"SLURM_NTASKS": "2"}) == 2
-    # the run's own config: configs/kevin32b.py on a 4-GPU node (its layout keeps 2 spare workers per GPU)
+    # the run's own config: configs/kevin32b.py on a 4-GPU node
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
-    config = _load("kevin32b", "--config.model.shape=qwq_32b", arg=":h100x4")
-    assert config.eval.spare_workers == 2
-    changes = placement.place_run(config.lock(), 4, environ={})
+    changes = placement.place_run(_load("kevin32b", "--config.model.shape=qwq_32b", arg=":h100x4").lock(), 4,
+                                  environ={})
     assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
 
 
 def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     """Measured at full size on 4 GPUs of a 503 GiB host: the 440 GiB of pools, the trainer and an evaluator with 8
     spare workers per GPU (cuda_eval's default on 64 cores) left nothing and the host thrashed for 13 minutes. That
-    node is refused with the evaluator's default, and taken with 2 spares per GPU (configs/kevin32b.py's 4-GPU
-    layouts); the budget's parts add up to the host."""
+    setting is refused; configs/kevin32b.py's layouts are taken where they should be (4 GPUs: 512 GB; 8 GPUs: ~550
+    GiB), and the spare workers and builds of the eval section are what is counted."""
+    from cuda_eval import api
     from kevin_jax import placement
     from kevin_jax.model import shapes
     qwq = shapes.named_config("qwq_32b").param_count()
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
+    monkeypatch.setattr(api, "_usable_cpus", lambda: 64)          # the 4-GPU node's cores (spares, builds)
 
-    def place(spares, eval_devices="all"):
-        return apply_gpu_placement(GpuConfig(), eval_devices, 4, {}, offload="pinned_host", param_count=qwq,
-                                   eval_spares=spares)
+    def place(layout, gpus, *overrides):
+        config = _load("kevin32b", "--config.model.shape=qwq_32b", *overrides, arg=f":{layout}").lock()
+        return placement.place_run(config, gpus, environ={})
+    assert place("h100x4", 4)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
+    assert place("h200x4", 4)
+    # cuda_eval's defaults (8 spares per GPU on 64 cores, a build per core): refused, with the parts named
     with pytest.raises(ValueError, match="eval.spare_workers") as refused:
-        place(8)
-    assert "8 spare worker(s)" in str(refused.value) and "503 GiB" in str(refused.value)
-    assert place(2)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
-    assert place(8, eval_devices="0")                     # one GPU evaluating: its 8 spares fit
-    budget = placement.host_budget_gib(110, 4, 4, 2, 503)
-    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx(4 * (3 * 0.8 + 2))
+        place("h100x4", 4, "--config.eval.spare_workers=0", "--config.eval.compile_workers=0")
+    assert "8 spare worker(s) each, 64 build(s)" in str(refused.value) and "503 GiB" in str(refused.value)
+    with pytest.raises(ValueError, match="eval.spare_workers"):
+        place("h100x4", 4, "--config.eval.spare_workers=8")
+    with pytest.raises(ValueError, match="eval.compile_workers"):
+        place("h100x4", 4, "--config.eval.compile_workers=16")
+    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.devices=0")  # one GPU evaluating
+    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.mode=compile_only")   # no judges
+    # 8 GPUs: refused on 512 GB, taken with ~550 GiB
+    monkeypatch.setattr(api, "_usable_cpus", lambda: 128)
+    with pytest.raises(ValueError, match="8 GPU"):
+        place("h100x8", 8)
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 550)
+    assert place("h100x8", 8)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "56"
+    # the budget's parts add up to the host
+    evaluator = placement.EvaluatorFootprint(gpus=4, spares=1, compile_workers=2)
+    budget = placement.host_budget_gib(110, 4, evaluator, 503)
+    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx(4 * (2 * 0.8 + 2) + 2 * 3)
     assert sum(v for k, v in budget.items() if k != "left") + budget["left"] == pytest.approx(503)
-    assert placement.host_budget_gib(110, 4, 4, 8, 503)["left"] < 0
+    assert 0 < budget["left"] < 10
