@@ -27,14 +27,14 @@ Variants:
   host_backend        the state as arrays of JAX's CPU backend; gradients gathered to the host (device_get), AdamW
                       jitted for the CPU backend, the new bf16 weights put back on the GPU(s).
 
-Columns: the state's build (rl_state.init_state from float32 weights on the GPUs: seconds, and host bytes per
-second); ms per update; state GB/s = 2 x (master + moments bytes) / time (the state's traffic in and out, the
-definition of the issue's 53 GB/s data point); peak GB of the first GPU (allocator peak, init included); the
-projection to QwQ-32B on 4 GPUs (8.19G parameters per GPU) per update and per RL step (2 updates): for the per-GPU
-mechanisms (resident, pinned_host_*) the time per parameter of one GPU's shard (valid as measured when run on the 4
-GPUs: they share the host's memory bandwidth), for the host-CPU mechanisms the time per parameter of the whole model
-(one host computes every GPU's shard). Variants that need more GPU memory or host RAM than there is are skipped
-with the reason (at QwQ-32B's size only the per-layer stream fits 4 x H100 and 512 GB).
+Columns: the state's build (rl_state.init_state from float32 weights on the GPUs: seconds, and host bytes per second);
+ms per update; state GB/s = 2 x (master + moments bytes) / time (the state's traffic in and out, the definition under
+which an update of 1G parameters streamed whole ran at 53 GB/s on one H100); peak GB of the first GPU (allocator peak,
+init included); the projection to QwQ-32B on 4 GPUs (8.19G parameters per GPU) per update and per RL step (2 updates):
+for the per-GPU mechanisms (resident, pinned_host_*) the time per parameter of one GPU's shard (valid as measured when
+run on the 4 GPUs: they share the host's memory bandwidth), for the host-CPU mechanisms the time per parameter of the
+whole model (one host computes every GPU's shard). Variants that need more GPU memory or host RAM than there is are
+skipped with the reason (at QwQ-32B's size only the per-layer stream fits 4 x H100 and 512 GB).
 """
 from __future__ import annotations
 

@@ -41,17 +41,17 @@ per token step at 4 live sequences (26% of the bandwidth roofline at that batch)
 26.3 / 31.1 ms at 32 / 64 / 128 (65 / 61 / 52%) on 4 x H100; a full-size update not yet: the host's memory ran out
 twice, first to XLA's uncapped pinned pools, then (pools capped at 110 GiB per GPU on 4 GPUs, 56 on 8) to the
 evaluator's 32 spare workers beside them. kevin_jax/placement.py now counts pools, trainer and evaluator against the
-host's RAM and refuses what does not fit; the 4-GPU layouts keep 1 spare worker per GPU and 2 builds at once;
-gpu.host_memory_floor stops a run whose host runs out anyway (the largest-output tasks on every GPU at once need up to
-~70 GiB more). Plan of one full step, before measurement (512 samples of ~4k prompt + ~12k response tokens; two
-updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth roofline, weights + KV read
-per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200 (decoding ~14 min, the updates
-~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped (~18 + ~32). The updates bound every
-node; evaluation overlaps decoding. A console line per step (score, correctness, sampling / evaluation / update /
-optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and
-mean_speedup (should rise over the first tens of steps, later turns above earlier ones), rollout/not_okay_ratio (near
-0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs (small). Held-out evaluation every 10
-steps. Kill it at any point and rerun the same command to resume.
+host's RAM and refuses what does not fit; the 4-GPU layouts run kernels on 2 of the GPUs with 1 spare worker each and
+3 builds at once; gpu.host_memory_floor stops a run whose host runs out anyway (the largest-output tasks on every GPU
+at once need up to ~70 GiB more). Plan of one full step, before measurement (512 samples of ~4k prompt + ~12k response
+tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth roofline,
+weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200 (decoding ~14
+min, the updates ~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped (~18 + ~32). The
+updates bound every node; evaluation overlaps decoding. A console line per step (score, correctness, sampling /
+evaluation / update / optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch
+rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
+ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
+(small). Held-out evaluation every 10 steps. Kill it at any point and rerun the same command to resume.
 """
 import dataclasses
 import logging
@@ -74,19 +74,22 @@ class Layout:
     max_row_tokens: int = 0     # 0 = the recipe's (prompt 16k + response 22k, QwQ's 40k context)
     eval_spares: int = 2        # eval.spare_workers per GPU
     eval_builds: int = 8        # eval.compile_workers
+    eval_devices: str = "all"   # eval.devices: the GPUs that also run the candidates' kernels
 
 
 # The evaluator shares the host with the optimiser state's pinned pools (440 GiB on 4 GPUs, 448 on 8):
-# kevin_jax/placement.py counts them, the trainer and the evaluator's processes against the host's RAM and refuses
-# what does not fit (cuda_eval's defaults, 8 spare workers per GPU and a build per core, filled a 512 GB 4-GPU host
-# and it thrashed). 4-GPU nodes (512 GB) keep 1 spare worker per GPU and 2 builds at once (~5 GiB left); 8-GPU nodes
-# need ~550 GiB of RAM with 2 spares and 8 builds (DGX-class nodes have 2 TB). At 32B a step is bound by sampling;
-# builds and evaluation overlap it.
+# kevin_jax/placement.py counts them, the trainer, the evaluator's processes, the kernel's share and the floor the
+# trainer stops at against the host's RAM, and refuses what does not fit (cuda_eval's defaults, 8 spare workers per
+# GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). On 4-GPU nodes (512 GB) kernels run on 2 of
+# the GPUs, with 1 spare worker each and 3 builds at once (~4 GiB left); 8-GPU nodes need ~560 GiB of RAM with every
+# GPU evaluating, 2 spares and 8 builds (DGX-class nodes have 2 TB). At 32B a step is bound by sampling; builds and
+# evaluation overlap it.
 LAYOUTS = {
     "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
     "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
-    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=2),
-    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=2),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=3, eval_devices="0,1"),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=3,
+                     eval_devices="0,1"),
 }
 
 
@@ -138,6 +141,7 @@ def get_config(layout: str = "auto"):
     c.gpu.jax_memory_fraction = node.jax_memory_fraction
     c.eval.spare_workers = node.eval_spares
     c.eval.compile_workers = node.eval_builds
+    c.eval.devices = node.eval_devices
     if node.max_row_tokens:
         c.env.max_prompt_tokens = 4096
         c.env.max_response_tokens = node.max_row_tokens - c.env.max_prompt_tokens

@@ -32,8 +32,9 @@ STOP_SIGNAL = signal.SIGUSR1   # our own signal: SIGINT is ignored by background
 GiB = 1 << 30
 
 
-class HostMemoryError(RuntimeError):
-    """The host ran out of memory during the run (HostMemoryGuard)."""
+class HostMemoryError(BaseException):
+    """The host ran out of memory during the run (HostMemoryGuard). A BaseException, like KeyboardInterrupt: the
+    run's `except Exception` blocks (a lost evaluation, a sampler fallback) must not swallow it."""
 
 
 def largest_processes(n: int = 5, proc: str = "/proc") -> list[tuple[int, str, int]]:
@@ -74,12 +75,20 @@ class HostMemoryGuard:
         self.read, self.on_breach = read, on_breach or self.stop_run
         self.message: str | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()      # the stop and a signal to the main thread never cross
         self._thread: threading.Thread | None = None
         self._previous_handler = None
         self._on_main_thread = False
+        self._leaving = False
+
+    def _available(self) -> int | None:
+        try:
+            return self.read()
+        except (OSError, ValueError):     # no reading on this system: no watch
+            return None
 
     def __enter__(self) -> "HostMemoryGuard":
-        if self.floor_bytes <= 0 or self.read() is None:
+        if self.floor_bytes <= 0 or self._available() is None:
             return self
         self._on_main_thread = threading.current_thread() is threading.main_thread()
         if self._on_main_thread:
@@ -89,23 +98,35 @@ class HostMemoryGuard:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2 * self.poll_s + 1)
-        if self._on_main_thread:
-            signal.signal(STOP_SIGNAL, self._previous_handler)
-            self._on_main_thread = False
+        self._leaving = True              # from here a stop signal is not raised: the run is over
+        try:
+            with self._lock:
+                self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=2 * self.poll_s + 1)
+        finally:
+            if self._on_main_thread:
+                previous = self._previous_handler
+                signal.signal(STOP_SIGNAL, previous if previous is not None else signal.SIG_DFL)
+                self._on_main_thread = False
 
     def _raise(self, signum, frame) -> None:
-        raise HostMemoryError(self.message or "host memory exhausted")
+        if self.message is None or self._leaving:     # not ours, or the run is leaving the guard
+            previous = self._previous_handler
+            if callable(previous):
+                previous(signum, frame)
+            return
+        raise HostMemoryError(self.message)
 
     def stop_run(self, message: str) -> None:
-        """HostMemoryError in the main thread (only when the guard was entered there: another thread's run cannot be
-        interrupted); if the run has not left the guard GRACE_S later, end the process."""
-        if self._stop.is_set():           # the run ended while the numbers were being gathered
-            return
-        if self._on_main_thread:
-            signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
+        """HostMemoryError in the main thread, once (only when the guard was entered there: another thread's run
+        cannot be interrupted; a BaseException, so the run's `except Exception` blocks let it through to its
+        clean-up); if the run has not left the guard GRACE_S later, end the process."""
+        with self._lock:
+            if self._stop.is_set():           # the run has left the guard
+                return
+            if self._on_main_thread:
+                signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
         if not self._stop.wait(GRACE_S):
             log.error("the run did not stop within %.0f s of the host-memory error: ending the process", GRACE_S)
             logging.shutdown()
@@ -114,7 +135,7 @@ class HostMemoryGuard:
     def _watch(self) -> None:
         under_since = None
         while not self._stop.wait(self.poll_s):
-            available = self.read()
+            available = self._available()
             if available is None:
                 return
             if available >= self.floor_bytes:

@@ -158,7 +158,8 @@ EVAL_PROCESS_GIB = 0.8            # one idle cuda_eval process (a judge or a spa
 EVAL_JOB_GIB = 2.0                # a running candidate's inputs and outputs, judge and worker (KernelBench levels
 #                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU: their output
 #                                   buffers wait for room or get task_too_large, cuda_eval.gpu_pool)
-COMPILE_JOB_GIB = 3.0             # one build of a candidate (nvcc with torch's headers: 2.8 GiB peak on the dev box)
+COMPILE_JOB_GIB = 3.0             # one build of a candidate (`/usr/bin/time -v nvcc -c` of a kernel with
+#                                   torch/extension.h: 2.8 GiB maximum resident on the dev box)
 HOST_KERNEL_FRACTION = 0.02       # the kernel's own: page tables of the pinned pools, slabs, a working set of cache
 
 
@@ -177,8 +178,9 @@ class EvaluatorFootprint:
         builds = compile_workers(eval_config)
         if eval_config.mode == "compile_only" or num_gpus == 0:
             return cls(0, 0, builds)
-        if eval_config.device_type == "cpu":      # CPU-mode workers, no judges on GPUs
-            return cls(eval_config.cpu_workers, 0, builds)
+        if eval_config.device_type == "cpu":      # CPU-mode slots, each with a judge and spares like a GPU's
+            slots = max(1, eval_config.cpu_workers)
+            return cls(slots, eval_config.spare_workers or auto_spare_workers(slots), builds)
         listed = parse_indices(eval_config.devices, "eval.devices")
         gpus = len(listed) if listed is not None else num_gpus
         return cls(gpus, eval_config.spare_workers or auto_spare_workers(gpus), builds)
@@ -195,16 +197,18 @@ def host_pool_gib(param_count: int, state_shards: int) -> int:
     return -(-int(share * HOST_POOL_SLACK) // (1 << 30)) + HOST_POOL_EXTRA_GIB
 
 
-def host_budget_gib(pool_gib: int, jax_gpus: int, evaluator: EvaluatorFootprint, ram_gib: int) -> dict:
+def host_budget_gib(pool_gib: int, jax_gpus: int, evaluator: EvaluatorFootprint, ram_gib: int,
+                    floor: float = 0.0) -> dict:
     """Host memory of an offloaded run by part, GiB: the pinned pools (they grow to their caps), the trainer, the
-    evaluator, the kernel's share; and what is left."""
+    evaluator, the kernel's share, the floor the trainer stops at (gpu.host_memory_floor, a fraction of RAM); and
+    what is left."""
     parts = {"pools": pool_gib * jax_gpus, "trainer": HOST_TRAINER_GIB, "evaluator": evaluator.gib(),
-             "kernel": HOST_KERNEL_FRACTION * ram_gib}
+             "kernel": HOST_KERNEL_FRACTION * ram_gib, "floor": floor * ram_gib}
     return {**parts, "left": ram_gib - sum(parts.values())}
 
 
 def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
-                  environ: dict | None, evaluator: EvaluatorFootprint) -> dict[str, str]:
+                  environ: dict | None, evaluator: EvaluatorFootprint, floor: float) -> dict[str, str]:
     """The cap of XLA's pinned-host pool of each GPU for an offloaded state: its share of the state and room for the
     allocator's growth. XLA's default (64 GiB per GPU) holds less than one GPU's share of QwQ-32B on 4 GPUs (91.5
     GiB); uncapped, each pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on 4 x H100 (503
@@ -217,20 +221,21 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
     _, fsdp, tensor = mesh_shape(mesh, jax_gpus * processes)
     pool = host_pool_gib(param_count, fsdp * tensor)
     ram = host_memory_gib()
-    budget = host_budget_gib(pool, jax_gpus, evaluator, ram)
+    budget = host_budget_gib(pool, jax_gpus, evaluator, ram, floor)
     if budget["left"] < 0:
         raise ValueError(
             f"optim.offload='pinned_host': the optimiser state ({param_count * HOST_STATE_BYTES_PER_PARAM / 1e9:.0f} "
             f"GB: float32 master weights and two AdamW moments, sharded {fsdp * tensor} ways) needs a pinned-host "
             f"pool of {pool} GiB on each of this host's {jax_gpus} GPUs ({budget['pools']} GiB); with the trainer "
             f"({budget['trainer']} GiB), the evaluator ({evaluator.gpus} GPU(s) with {evaluator.spares} spare "
-            f"worker(s) each, {evaluator.compile_workers} build(s) at once: {budget['evaluator']:.0f} GiB) and the "
-            f"kernel's share ({budget['kernel']:.0f} GiB) that is {ram - budget['left']:.0f} GiB, and this machine has "
+            f"worker(s) each, {evaluator.compile_workers} build(s) at once: {budget['evaluator']:.0f} GiB), the "
+            f"kernel's share ({budget['kernel']:.0f} GiB) and the floor the trainer stops at ({budget['floor']:.0f} "
+            f"GiB, gpu.host_memory_floor) that is {ram - budget['left']:.0f} GiB, and this machine has "
             f"{ram} GiB: set eval.spare_workers or eval.compile_workers lower, evaluate on fewer GPUs (eval.devices), "
             f"shard the state over more GPUs or hosts (mesh), or use optim.offload=none")
     log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.0f, "
-             "kernel %.0f; %.0f of %d left", budget["pools"], pool, budget["trainer"], budget["evaluator"],
-             budget["kernel"], budget["left"], ram)
+             "kernel %.0f, floor %.0f; %.0f of %d left", budget["pools"], pool, budget["trainer"],
+             budget["evaluator"], budget["kernel"], budget["floor"], budget["left"], ram)
     return {"XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": str(pool)}
 
 
@@ -261,7 +266,7 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
             eval_list = parse_indices(eval_devices, "eval.devices")
             evaluator = EvaluatorFootprint(len(eval_list) if eval_list is not None else num_gpus)
         changes.update(_offload_pool(param_count, len(jax_list) if jax_list is not None else num_gpus, mesh,
-                                     environ, evaluator))
+                                     environ, evaluator, config.host_memory_floor))
     shared = shared_gpus(config.jax_devices, eval_devices, num_gpus)
     if shared:
         changes["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{config.jax_memory_fraction:.3f}"

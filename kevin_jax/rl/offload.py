@@ -33,6 +33,7 @@ Checkpoints of an offloaded state leave out "params" (the exact cast of "master"
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -116,7 +117,7 @@ def _zeros(abstract, sharding):
 def _to_host(x, sharding):
     """x (on the devices) as float32 in host memory, one leaf: cast and copy out in one program on every GPU, the
     moments' path (_zeros), instead of an eager cast then a device_put per leaf. benchmarks/optimizer_offload.py
-    prints the build's rate; at full size it was bound by pinning the pools' regions (1.4-4.2 GiB/s)."""
+    prints the build's rate; at full size the host's memory grew at 1.4-4.2 GiB/s while the state was built."""
     return jax.jit(lambda a: a.astype(jnp.float32), out_shardings=sharding)(x)
 
 
@@ -125,14 +126,37 @@ def _cast(x, dtype, sharding):
     return jax.jit(lambda a: jax.device_put(a, sharding).astype(dtype), out_shardings=sharding)(x)
 
 
+def _shard_bytes(abstract, sharding) -> int:
+    return math.prod(sharding.shard_shape(abstract.shape)) * jnp.dtype(abstract.dtype).itemsize
+
+
+class _Slot:
+    """A host leaf of the state not made yet (init_state makes them in its own order)."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
 def init_state(params: Any, tx: optax.GradientTransformation, compute_dtype, replicated) -> dict[str, Any]:
     """The offloaded train state of freshly initialised/imported parameters (any dtype, on the devices): the master
     copy is `params` moved to host memory, the moments zeros in host memory, the devices keep `params` cast to the
-    compute dtype. The caller drops its `params` afterwards (float32 QwQ-32B on 4 GPUs: 33 GB each)."""
+    compute dtype. The caller drops its `params` afterwards (float32 QwQ-32B on 4 GPUs: 33 GB each).
+
+    The host buffers (master weights and moments) are made largest first: XLA's pinned-host pool grows by regions of
+    doubling size and a buffer never spans two, so this order leaves the least of the regions empty (QwQ-32B on 4
+    GPUs, by the allocator model of tests/kevin_jax/test_host_pool.py: 98 GiB of pool per GPU, against 103 in the
+    tree's order), which leaves the pool's cap more room for the update."""
     _require_host_memory()
     host = jax.tree.map(lambda p: _host(p.sharding), params)
-    master = jax.tree.map(_to_host, params, host)
-    device_params = jax.tree.map(lambda p: _cast(p, compute_dtype, _device(p.sharding)), params)
+    makers: list[tuple[int, Callable[[], jax.Array]]] = []     # (bytes per device, make), in the trees' order
+
+    def later(size: int, make: Callable[[], jax.Array]) -> _Slot:
+        makers.append((size, make))
+        return _Slot(len(makers) - 1)
+
+    master = jax.tree.map(lambda p, s: later(_shard_bytes(jax.ShapeDtypeStruct(p.shape, jnp.float32), s),
+                                             lambda: _to_host(p, s)), params, host)
+    abstract_master = jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=s), params, host)
 
     def scalar(abstract):
         if abstract.shape != () or not jnp.issubdtype(abstract.dtype, jnp.integer):
@@ -140,9 +164,15 @@ def init_state(params: Any, tx: optax.GradientTransformation, compute_dtype, rep
                              f"counts; found a {abstract.dtype}{list(abstract.shape)} leaf")
         return _zeros(abstract, replicated)
 
-    opt_state = otu.tree_map_params(tx, _zeros, jax.eval_shape(tx.init, master), host,
-                                    transform_non_params=scalar)
-    return {"params": device_params, "master": master, "opt_state": opt_state,
+    opt_state = otu.tree_map_params(
+        tx, lambda a, s: later(_shard_bytes(a, s), lambda: _zeros(a, s)), jax.eval_shape(tx.init, abstract_master),
+        host, transform_non_params=scalar)
+    made: list[jax.Array | None] = [None] * len(makers)
+    for i in sorted(range(len(makers)), key=lambda i: -makers[i][0]):      # stable: ties in the trees' order
+        made[i] = makers[i][1]()
+    fill = lambda tree: jax.tree.map(lambda x: made[x.index] if isinstance(x, _Slot) else x, tree)
+    device_params = jax.tree.map(lambda p: _cast(p, compute_dtype, _device(p.sharding)), params)
+    return {"params": device_params, "master": fill(master), "opt_state": fill(opt_state),
             "updates": _zeros(jax.ShapeDtypeStruct((), jnp.int32), replicated)}
 
 

@@ -379,8 +379,8 @@ def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkey
 def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     """Measured at full size on 4 GPUs of a 503 GiB host: the 440 GiB of pools, the trainer and an evaluator with 8
     spare workers per GPU (cuda_eval's default on 64 cores) left nothing and the host thrashed for 13 minutes. That
-    setting is refused; configs/kevin32b.py's layouts are taken where they should be (4 GPUs: 512 GB; 8 GPUs: ~550
-    GiB), and the spare workers and builds of the eval section are what is counted."""
+    setting is refused; configs/kevin32b.py's layouts are taken where they should be (4 GPUs: 512 GB; 8 GPUs: ~560
+    GiB), and the spare workers, builds and GPUs of the eval section are what is counted."""
     from cuda_eval import api
     from kevin_jax import placement
     from kevin_jax.model import shapes
@@ -403,15 +403,21 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
         place("h100x4", 4, "--config.eval.compile_workers=16")
     assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.devices=0")  # one GPU evaluating
     assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.mode=compile_only")   # no judges
-    # 8 GPUs: refused on 512 GB, taken with ~550 GiB
+    # CPU mode: its slots have judges and spares too
+    cpu = placement.EvaluatorFootprint.of(_load("one_gpu", "--config.eval.device_type=cpu",
+                                                 "--config.eval.cpu_workers=3").eval, 4)
+    assert (cpu.gpus, cpu.spares) == (3, api.auto_spare_workers(3))
+    # 8 GPUs: refused on 512 GB, taken with ~560 GiB
     monkeypatch.setattr(api, "_usable_cpus", lambda: 128)
     with pytest.raises(ValueError, match="8 GPU"):
         place("h100x8", 8)
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 550)
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 560)
     assert place("h100x8", 8)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "56"
-    # the budget's parts add up to the host
-    evaluator = placement.EvaluatorFootprint(gpus=4, spares=1, compile_workers=2)
-    budget = placement.host_budget_gib(110, 4, evaluator, 503)
-    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx(4 * (2 * 0.8 + 2) + 2 * 3)
+    # the budget's parts add up to the host, the trainer's floor among them
+    evaluator = placement.EvaluatorFootprint(gpus=2, spares=1, compile_workers=3)
+    budget = placement.host_budget_gib(110, 4, evaluator, 503, floor=0.01)
+    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx(2 * (2 * 0.8 + 2) + 3 * 3)
+    assert budget["floor"] == pytest.approx(5.03)
     assert sum(v for k, v in budget.items() if k != "left") + budget["left"] == pytest.approx(503)
     assert 0 < budget["left"] < 10
+    assert placement.host_budget_gib(110, 4, placement.EvaluatorFootprint(4, 1, 2), 503, floor=0.01)["left"] < 0

@@ -76,14 +76,17 @@ SCRIPT = textwrap.dedent("""
         with host_memory.HostMemoryGuard(1 << 62, hold_s=0.2, poll_s=0.05):   # a floor above any host's memory
             try:
                 time.sleep(30)
+            except Exception:
+                print("swallowed", flush=True)       # the run's own handlers must not catch it
             except host_memory.HostMemoryError as e:
                 print("stopped:", str(e)[:40], flush=True)
                 if sys.argv[1] == "stuck":
                     time.sleep(30)      # a main thread that does not stop (stuck in a device call)
                 raise
     except host_memory.HostMemoryError:
+        if signal.getsignal(host_memory.STOP_SIGNAL) is not signal.SIG_DFL:
+            print("handler left installed", flush=True)
         sys.exit(host_memory.EXIT_STATUS)
-    assert signal.getsignal(host_memory.STOP_SIGNAL) is signal.SIG_DFL     # the guard's handler is gone
 """)
 
 
@@ -95,12 +98,24 @@ def test_the_guard_stops_the_run_and_ends_a_stuck_one(main_thread, sigint):
     p = subprocess.run([sys.executable, "-c", SCRIPT, main_thread, sigint], capture_output=True, text=True,
                        timeout=60, cwd=REPO)
     assert "stopped: host memory exhausted" in p.stdout, p.stderr
+    assert "swallowed" not in p.stdout and "handler left installed" not in p.stdout
     assert p.returncode == host_memory.EXIT_STATUS, p.stderr
     assert ("did not stop within" in p.stderr) == (main_thread == "stuck")
     assert time.monotonic() - t0 < 25
 
 
-def test_a_guard_off_the_main_thread_does_not_signal_the_main_thread():
+@pytest.fixture
+def stop_signals():
+    """Stop signals that reach this process's main thread (a recording handler in place of the default, which would
+    end the test process)."""
+    import signal
+    seen = []
+    previous = signal.signal(host_memory.STOP_SIGNAL, lambda *a: seen.append(a))
+    yield seen
+    signal.signal(host_memory.STOP_SIGNAL, previous)
+
+
+def test_a_guard_off_the_main_thread_does_not_signal_the_main_thread(stop_signals):
     import threading
     seen = []
 
@@ -119,4 +134,25 @@ def test_a_guard_off_the_main_thread_does_not_signal_the_main_thread():
         t.join(10)
     finally:
         host_memory.GRACE_S = old
-    assert seen and "host memory exhausted" in seen[0]     # no HostMemoryError here, no process ended
+    assert seen and "host memory exhausted" in seen[0]
+    time.sleep(0.2)
+    assert stop_signals == []
+
+
+def test_no_signal_once_the_run_has_left_the_guard(stop_signals):
+    """The breach is found while the run leaves the guard: the guard must not interrupt a run that is over (its
+    signal would land in whatever the process does next)."""
+    readings = []
+
+    def read_after_exit():           # the first reading (entering) is fine; later ones wait for the run to leave
+        readings.append(1)
+        if len(readings) == 1:
+            return 1 << 40
+        guard._stop.wait(5)
+        return 0                     # under half the floor: a breach at once
+    guard = host_memory.HostMemoryGuard(1 << 30, poll_s=0.01, read=read_after_exit)
+    with guard:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert guard.message is not None and "host memory exhausted" in guard.message
+    assert stop_signals == []

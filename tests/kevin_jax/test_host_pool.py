@@ -77,3 +77,17 @@ def test_the_model_is_tfs_growth_policy():
     assert not bfc_growth_model([3 << 20, 3 << 20], 6 << 20)
     # a free tail is reused: 1 MiB buffers fill the 2 MiB region before another is taken
     assert bfc_growth_model([1 << 20, 1 << 20], 2 << 20)
+
+
+@pytest.mark.parametrize("gpus,largest_first,trees_order", [(4, 98, 103), (8, 49, 52)])
+def test_largest_first_leaves_the_pool_the_most_room(gpus, largest_first, trees_order):
+    """kevin_jax.rl.offload.init_state makes the host buffers largest first: by this model QwQ-32B's state then needs
+    the least pool (GiB per GPU), room under the cap for the update."""
+    qwq = shapes.named_config("qwq_32b")
+    leaves = state_leaves(qwq, gpus)
+
+    def least_pool(order):
+        return next(cap for cap in range(1, 400) if bfc_growth_model(order, cap * GiB))
+    assert least_pool(sorted(leaves * 3, reverse=True)) == largest_first
+    assert least_pool(leaves * 3) == trees_order
+    assert largest_first < trees_order < placement.host_pool_gib(qwq.param_count(), gpus)

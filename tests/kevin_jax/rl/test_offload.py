@@ -174,3 +174,32 @@ def test_bad_offload_settings_are_clear_errors():
         rl_state.OptimConfig(grad_dtype="bfloat16")
     with pytest.raises(ValueError, match="optim.grad_dtype must be one of"):
         rl_state.OptimConfig(grad_dtype="float16", offload="pinned_host")
+
+
+def test_the_host_buffers_are_made_largest_first(monkeypatch):
+    """XLA's pinned pool grows by regions of doubling size and a buffer never spans two: init_state makes the master
+    weights and both moments largest first (tests/kevin_jax/test_host_pool.py: QwQ-32B then needs 98 GiB of pool per
+    GPU on 4 GPUs, 103 in the trees' order). The order in which host buffers were made, with the same state."""
+    mesh = _mesh()
+    model = qwen2.init_sharded(shapes.named_config("tiny"), F32, mesh, seed=5)
+    _, params = nnx.split(model)
+    optim = rl_state.OptimConfig(**{**OPTIM.__dict__, "offload": "pinned_host"})
+    tx = rl_state.make_optimizer(optim, total_updates=8)
+    made = []
+    for name in ("_to_host", "_zeros"):
+        real = getattr(offload, name)
+
+        def recording(*args, real=real):
+            x = real(*args)
+            if x.sharding.memory_kind == "pinned_host":
+                made.append(x.addressable_shards[0].data.nbytes)
+            return x
+        monkeypatch.setattr(offload, name, recording)
+    state = rl_state.init_state(params, tx, rl_state.host_offload(optim, 8, F32.compute_dtype))
+    n_leaves = len(jax.tree.leaves(params))
+    assert len(made) == 3 * n_leaves and len(set(made)) > 2
+    assert made == sorted(made, reverse=True)
+    # and the state is the one the trees' order made: master = params, moments zero
+    for p, m in zip(jax.tree.leaves(params), jax.tree.leaves(state["master"])):
+        np.testing.assert_array_equal(np.asarray(p, np.float32), np.asarray(m))
+    assert all(not np.asarray(x).any() for x in jax.tree.leaves(optax.tree_utils.tree_get(state["opt_state"], "mu")))
