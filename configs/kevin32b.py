@@ -82,8 +82,8 @@ class Layout:
 # trainer stops at against the host's RAM, and refuses what does not fit (cuda_eval's defaults, 8 spare workers per
 # GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). On 4-GPU nodes (512 GB) kernels run on 2 of
 # the GPUs, with 1 spare worker each and 3 builds at once (~4 GiB left); 8-GPU nodes need ~560 GiB of RAM with every
-# GPU evaluating, 2 spares and 8 builds (DGX-class nodes have 2 TB). At 32B a step is bound by sampling; builds and
-# evaluation overlap it.
+# GPU evaluating, 2 spares and 8 builds (DGX-class nodes have 2 TB). The docstring's step plan (evaluation overlapping
+# decoding) was made with every GPU evaluating; with 2 GPUs and 3 builds it is not re-estimated.
 LAYOUTS = {
     "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
     "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),

@@ -80,6 +80,7 @@ class HostMemoryGuard:
         self._previous_handler = None
         self._on_main_thread = False
         self._leaving = False
+        self._sent = False                 # our stop signal is on its way (the next one that arrives is ours)
 
     def _available(self) -> int | None:
         try:
@@ -111,12 +112,18 @@ class HostMemoryGuard:
                 self._on_main_thread = False
 
     def _raise(self, signum, frame) -> None:
-        if self.message is None or self._leaving:     # not ours, or the run is leaving the guard
-            previous = self._previous_handler
-            if callable(previous):
-                previous(signum, frame)
+        leaving = self._leaving or (frame is not None and frame.f_code is HostMemoryGuard.__exit__.__code__)
+        if self._sent and not leaving:
+            self._sent = False
+            raise HostMemoryError(self.message)
+        if self._sent:                    # ours, but the run is over: nothing to stop
+            self._sent = False
             return
-        raise HostMemoryError(self.message)
+        previous = self._previous_handler  # not ours: what was there before the guard
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            log.warning("signal %d arrived while the host-memory guard held it: ignored", signum)
 
     def stop_run(self, message: str) -> None:
         """HostMemoryError in the main thread, once (only when the guard was entered there: another thread's run
@@ -126,6 +133,7 @@ class HostMemoryGuard:
             if self._stop.is_set():           # the run has left the guard
                 return
             if self._on_main_thread:
+                self._sent = True
                 signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)
         if not self._stop.wait(GRACE_S):
             log.error("the run did not stop within %.0f s of the host-memory error: ending the process", GRACE_S)
