@@ -142,6 +142,11 @@ def compile_workers(config: EvalConfig) -> int:
     return config.compile_workers or _usable_cpus()
 
 
+def spare_workers(config: EvalConfig, n_devices: int) -> int:
+    """Spare workers per device: EvalConfig.spare_workers, or auto_spare_workers."""
+    return config.spare_workers or auto_spare_workers(n_devices)
+
+
 def auto_spare_workers(n_devices: int, cpu_count: int | None = None) -> int:
     """Spare workers per device when EvalConfig.spare_workers is 0. A device runs one candidate at a time (~0.9 s of
     worker wall on an H200) while a fresh worker needs seconds to import torch and initialise CUDA; with 2 spares
@@ -473,7 +478,7 @@ class Evaluator:
             devices = tuple(f"cpu{i}" for i in range(max(1, cfg.cpu_workers)))
         return GpuPool(PoolConfig(device_type=cfg.device_type, devices=devices, run_dir=cfg.run_dir or None,
                                   start_timeout_s=cfg.worker_start_timeout_s,
-                                  spares=cfg.spare_workers or auto_spare_workers(len(devices)),
+                                  spares=spare_workers(cfg, len(devices)),
                                   cpu_threads=cfg.cpu_threads, data_bytes=cfg.worker_memory_bytes or None))
 
     # public API

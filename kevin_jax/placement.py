@@ -174,16 +174,16 @@ class EvaluatorFootprint:
     @classmethod
     def of(cls, eval_config: Any, num_gpus: int) -> "EvaluatorFootprint":
         """From the eval config section (cuda_eval.api's defaults for the zeros)."""
-        from cuda_eval.api import auto_spare_workers, compile_workers     # no torch, no jax
+        from cuda_eval.api import compile_workers, spare_workers     # no torch, no jax
         builds = compile_workers(eval_config)
         if eval_config.mode == "compile_only" or num_gpus == 0:
             return cls(0, 0, builds)
         if eval_config.device_type == "cpu":      # CPU-mode slots, each with a judge and spares like a GPU's
             slots = max(1, eval_config.cpu_workers)
-            return cls(slots, eval_config.spare_workers or auto_spare_workers(slots), builds)
+            return cls(slots, spare_workers(eval_config, slots), builds)
         listed = parse_indices(eval_config.devices, "eval.devices")
         gpus = len(listed) if listed is not None else num_gpus
-        return cls(gpus, eval_config.spare_workers or auto_spare_workers(gpus), builds)
+        return cls(gpus, spare_workers(eval_config, gpus), builds)
 
     def gib(self) -> float:
         return (self.gpus * ((1 + self.spares) * EVAL_PROCESS_GIB + EVAL_JOB_GIB)

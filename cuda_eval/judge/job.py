@@ -90,7 +90,7 @@ WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "can
                "python_torch_calls", "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams",
                "own_kernel_launches", "kernel_trace_skipped", "identity_changes", "call_windows", "call_groups",
                "call_foreign_kernels", "call_trace_skipped")
-WORKER_META_ITEMS = {"call_windows": 2048}  # one window per group and retry: ~260 groups of one call, 3 retries each
+WORKER_META_ITEMS = {"call_windows": tracing.CALL_WINDOWS_MAX}
 
 
 class WorkerLost(Exception):

@@ -119,6 +119,9 @@ def unique(names: Iterable[str]) -> list[str]:
 
 
 # --- CUDA kernel trace ----------------------------------------------------------------------------------------
+# Trace windows of the timed calls the worker reports and the judge keeps: one per group and retry (~260 groups of one
+# call, 3 retries each).
+CALL_WINDOWS_MAX = 2048
 GATE_KERNEL = "spin_kernel"   # the kernel torch.cuda._sleep launches (aten/src/ATen/cuda/Sleep.cu)
 
 

@@ -415,7 +415,8 @@ class Worker:
             return
         if not report:
             return
-        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels] for w in windows[:2048]]
+        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels]
+                                     for w in windows[:tracing.CALL_WINDOWS_MAX]]
         self.meta["call_groups"] = self.groups - self.session_groups
         self.meta["call_foreign_kernels"] = dict(sorted(foreign.items(), key=lambda kv: -kv[1])[:24])
 
