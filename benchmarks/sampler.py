@@ -137,9 +137,16 @@ def parse_args(argv=None):
     tp.add_argument("--e2e-new-tokens", type=int, default=256, help="new tokens of the end-to-end run")
     tp.add_argument("--cache-dir", default="", help="JAX's persistent compilation cache (a second run in the same "
                                                     "machine session then skips most compiles)")
+    tp.add_argument("--tp-parts", default="decode,e2e,shard",
+                    help="which sections run: decode (the throughput table and the step's parts), e2e (generate end "
+                         "to end: prefill and decode tok/s), shard (one GPU's shard); e2e alone is a clean process "
+                         "for the prefill, with none of the decode sections' buffers beside it")
     tp.add_argument("--tp-layers", action="store_true", help="also time the layers without attention (one more "
                                                              "64-layer compile)")
     first = p.parse_args(argv)
+    unknown = set(first.tp_parts.split(",")) - {"decode", "e2e", "shard"}
+    if unknown:
+        p.error(f"--tp-parts: unknown part(s) {', '.join(sorted(unknown))} (choose from decode, e2e, shard)")
     if first.gpus:
         p.set_defaults(configs="qwq_32b", batches="32,64,128", hf_new_tokens=0, decode_steps=32, budget_s=330.0)
     if first.tiny:                           # tiny defaults; explicit flags still win
@@ -600,7 +607,6 @@ class TensorParallelBench:
     def run(self) -> None:
         import jax
 
-        import sampler_breakdown as parts
         from kevin_jax import parallel
         from kevin_jax.model import qwen2
         from kevin_jax.sampler import SamplerEngine, layout
@@ -634,8 +640,40 @@ class TensorParallelBench:
               f"{record['copy_gb_per_gpu']:.1f} GB/GPU in {record['copy_again_s']:.2f}s (first "
               f"{record['copy_s']:.1f}s), t={elapsed():.0f}s", flush=True)
 
+        parts_wanted = set(args.tp_parts.split(","))
         contexts = self.contexts(plan.tokens)
         record["contexts"] = contexts
+        if "decode" in parts_wanted:
+            self.decode_sections(model, params, engine, weights, contexts)
+        del weights
+        gc.collect()
+
+        # End to end: an engine's own pool and weight copy. Half the benchmark's pool (the middle batch's prompts
+        # and new tokens need a third of it): at QwQ-32B on 4 x H100 the whole pool left the prefill no room (the
+        # allocator failed 67 MiB requests until the stage's time ran out); on 4 x H200 after the decode sections,
+        # 125 of 128 GB were still in use and the prefill's autotuning failed, so runs/kevin32b.sh runs it in a
+        # process of its own (--tp-parts e2e).
+        if "e2e" in parts_wanted and not self._skip("end to end", 60):
+            e2e_engine = SamplerEngine(model, self._config(max_slots=self.middle,
+                                                           num_pages=max(1, plan.pages_per_layer // 2)))
+            record["e2e"] = guarded(f"tp {self.name} end to end", self.end_to_end, e2e_engine, params)
+            e2e_engine.release_memory()
+            save()
+        del engine, model, params
+        gc.collect()
+        if "shard" in parts_wanted and self.tensor > 1 and not self._skip("one GPU's shard", 90):
+            self.shard_part(contexts[self.middle])
+
+    def decode_sections(self, model, params, engine, weights, contexts) -> None:
+        """The throughput table (decode steps at each batch on a frozen random pool) and the parts of a step."""
+        import jax
+
+        import sampler_breakdown as parts
+
+        from kevin_jax.sampler import SamplerEngine, layout
+
+        args, record = self.args, self.record
+        plan = engine.pool_plan
         pool = parts.random_pool(engine.geometry, engine.dtype, 0, layout.sharding_of_pool(engine.mesh,
                                                                                           engine.tensor_axis))
         engines = {b: SamplerEngine(model, self._config(max_slots=b, num_pages=plan.pages_per_layer))
@@ -684,24 +722,12 @@ class TensorParallelBench:
                 f"tp {self.name} layers", parts.layers_part, scene, "unrolled", self.node_tb_s,
                 self.config.num_hidden_layers * self.config.layer_param_count() * 2)
             save()
-        del scene, pool, weights
-        gc.collect()
-
-        # End to end: an engine's own pool and weight copy. Half the benchmark's pool (the middle batch's prompts
-        # and new tokens need a third of it): at QwQ-32B on 4 x H100 the whole pool left the prefill no room (the
-        # allocator failed 67 MiB requests until the stage's time ran out).
-        if not self._skip("end to end", 60):
-            e2e_engine = SamplerEngine(model, self._config(max_slots=self.middle,
-                                                           num_pages=max(1, plan.pages_per_layer // 2)))
-            record["e2e"] = guarded(f"tp {self.name} end to end", self.end_to_end, e2e_engine, params)
-            e2e_engine.release_memory()
-            save()
+        del scene, pool
         for e in engines.values():
             e.release_memory()
-        del engines, engine, model, params
+        del engines
         gc.collect()
-        if self.tensor > 1 and not self._skip("one GPU's shard", 90):
-            self.shard_part(contexts[self.middle])
+        jax.clear_caches()       # compiled scenes may hold device constants; nothing of these sections may stay
 
     def end_to_end(self, engine, params) -> dict:
         args = self.args

@@ -49,3 +49,22 @@ def test_sampler_benchmark_tensor_parallel_tiny(tmp_path):
     assert tp["e2e"]["prefill_tok_s"] > 0 and tp["e2e"]["decode_tok_s"] > 0
     assert "KV pool:" in tp["pool_line"] and "| batch | mean context | decode tok/s |" in proc.stdout
     assert "derived: KV reads" in proc.stdout
+
+
+def test_sampler_benchmark_end_to_end_alone_tiny(tmp_path):
+    """--tp-parts e2e: the end to end in a process of its own (what runs/kevin32b.sh does at 32B, where the decode
+    sections' buffers left the prefill no room), none of the other sections run; a misspelt part is refused."""
+    out = tmp_path / "sampler_e2e.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "benchmarks/sampler.py", "--tiny", "--gpus", "2", "--tp-parts", "e2e",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tp = json.loads(out.read_text())["tp"]["tiny"]
+    assert tp["e2e"]["prefill_tok_s"] > 0 and tp["e2e"]["decode_tok_s"] > 0
+    assert tp["steps"] == {} and tp["breakdown"] == {}
+    assert "prefill" in proc.stdout
+    bad = subprocess.run([sys.executable, "benchmarks/sampler.py", "--tiny", "--gpus", "2", "--tp-parts", "prefil",
+                          "--out", str(tmp_path / "bad.json")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "unknown part(s) prefil" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()
