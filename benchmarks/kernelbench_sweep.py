@@ -27,6 +27,7 @@ never needed by the tests.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -401,10 +402,11 @@ def row_of(job: dict, r, sampler: DeviceMemorySampler | None, quick: bool, mode:
             "cand_ms": (r.timing or {}).get("median_ms"), "phase_s": meta.get("phase_s")}
 
 
-def summarize(rows: list[dict], levels: list[int], info: dict, wall_s: float, not_run: list[str]) -> str:
+def summarize(rows: list[dict], levels: list[int], info: dict, wall_s: float, not_run: list[str],
+              title: str = "") -> str:
     gib = lambda n: f"{n / 2**30:.1f}" if n else "-"  # noqa: E731
-    lines = [f"## KernelBench sweep on {info.get('gpu_name') or 'no GPU'} ({len(rows)} verdicts, {wall_s:.0f} s)",
-             "", "| level | kind | jobs | as expected | ok | incorrect | internal error | too big | other | "
+    title = title or f"KernelBench sweep on {info.get('gpu_name') or 'no GPU'} ({len(rows)} verdicts, {wall_s:.0f} s)"
+    lines = [f"## {title}", "", "| level | kind | jobs | as expected | ok | incorrect | internal error | too big | other | "
              "run s p50 / max | device GiB max |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in levels:
         for kind in ("honest", "wrong"):
@@ -437,9 +439,28 @@ def summarize(rows: list[dict], levels: list[int], info: dict, wall_s: float, no
     return "\n".join(lines)
 
 
+def report(paths: list[str]) -> str:
+    """The tables of rows saved by earlier runs (their <out>.jsonl), merged by (task, kind)."""
+    rows: dict = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[(row["task_id"], row["kind"])] = row
+    merged = list(rows.values())
+    tasks = {r["task_id"] for r in merged}
+    cards = collections.Counter(r.get("gpu_name") or "card not recorded" for r in merged)
+    title = f"KernelBench sweep, saved rows: {len(merged)} verdicts of {len(tasks)} tasks from {len(paths)} file(s)"
+    title += " (" + ", ".join(f"{n} on {card}" for card, n in cards.most_common()) + ")"
+    return summarize(merged, sorted({r["level"] for r in merged}), {}, 0.0, [], title=title)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", required=True, help="KernelBench checkout or folder of level<N>/ dirs")
+    p.add_argument("--root", default="", help="KernelBench checkout or folder of level<N>/ dirs (required to run)")
+    p.add_argument("--report", default="",
+                   help="run nothing: print the tables of saved rows (<out>.jsonl files, comma-separated, e.g. one "
+                        "per GPU of a split run; a task and kind seen twice count once, the last row)")
     p.add_argument("--levels", default="1,2,3")
     p.add_argument("--limit", type=int, default=0, help="only the first N tasks of each level")
     p.add_argument("--tasks", default="", help="comma-separated task ids or parts of them (L1/19_ReLU, 19_ReLU)")
@@ -466,6 +487,11 @@ def main(argv=None) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the jobs and their sizes, run nothing")
     p.add_argument("--out", default="", help="summary JSON; rows go to <out>.jsonl as they arrive")
     args = p.parse_args(argv)
+    if args.report:
+        print(report(args.report.split(",")))
+        return
+    if not args.root:
+        p.error("--root is required (unless --report)")
     if not args.dry_run and not args.out:
         p.error("--out is required unless --dry-run")
 
@@ -533,6 +559,7 @@ def main(argv=None) -> None:
                 row = {"task_id": job["task"].task_id, "level": job["task"].level, "kind": job["kind"],
                        "verdict": "internal_error", "expected": expected_class(job["kind"], args.mode),
                        "error": f"{type(e).__name__}: {e}"[:400]}
+            row["gpu_name"] = info.get("gpu_name")          # a split sweep's rows may come from different cards
             rows.append(row)
             sink.write(json.dumps(row, default=str) + "\n")
             sink.flush()

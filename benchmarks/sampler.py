@@ -813,9 +813,10 @@ def tp_tables(results: dict) -> str:
                   f"({r.get('gpus')} x {r.get('per_gpu_tb_s') or float('nan'):.2f} TB/s, torch copy_ measured on GPU "
                   f"0); trainer params {r.get('trainer_params_gb_per_gpu', 0):.1f} GB/GPU, weight copy "
                   f"{r.get('copy_gb_per_gpu', 0):.1f} GB/GPU in {r.get('copy_again_s', float('nan')):.2f} s; "
-                  f"{r.get('pool_line', '')}", "",
-                  "| batch | mean context | decode tok/s | ms/step | GB/step (weights + KV) | roofline ms | "
-                  "% of roofline | compile + first call s |", "|---|---|---|---|---|---|---|---|"]
+                  f"{r.get('pool_line', '')}"]
+        if r.get("steps"):
+            lines += ["", "| batch | mean context | decode tok/s | ms/step | GB/step (weights + KV) | roofline ms | "
+                      "% of roofline | compile + first call s |", "|---|---|---|---|---|---|---|---|"]
         for batch, s in sorted(r.get("steps", {}).items(), key=lambda kv: int(kv[0])):
             if "error" in s:
                 lines.append(f"| {batch} | | {s['error'][:100]} | | | | | |")
@@ -825,8 +826,9 @@ def tp_tables(results: dict) -> str:
                          f"{s['bytes_per_step_gb']:.1f} | {ideal:.2f} | "
                          f"{100 * (s.get('roofline_fraction') or float('nan')):.0f}% | {s.get('compile_s', 0):.0f} |")
         b = r.get("breakdown", {})
-        lines += ["", f"where a step's time goes (batch {next(iter(b.values()), {}).get('batch', '')}):", "",
-                  "| part | ms/step | GB/step | % of its roofline |", "|---|---|---|---|"]
+        if b:
+            lines += ["", f"where a step's time goes (batch {next(iter(b.values()), {}).get('batch', '')}):", "",
+                      "| part | ms/step | GB/step | % of its roofline |", "|---|---|---|---|"]
         for label, s in b.items():
             if "error" in s:
                 lines.append(f"| {label} | {s['error'][:100]} | | |")

@@ -35,21 +35,19 @@ env.max_response_tokens=8192 throughout; a departure from the recipe, logged at 
 published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
 free space at start): a 4-GPU node's 235 GB local disk holds none.
 
-What to expect: measured so far with random weights (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first
-update", "4 x H100, second run" and "4 x H200"): load 12-16 s, the host state built in 265-275 s, decoding ~18.5 ms
-per token step at 4 live sequences (26% of the bandwidth roofline at that batch) and, in the sampler benchmark, 25.1 /
-26.3 / 31.1 ms at 32 / 64 / 128 (65 / 61 / 52%) on 4 x H100; a full-size update not yet: the host's memory ran out
-twice, first to XLA's uncapped pinned pools, then (pools capped at 110 GiB per GPU on 4 GPUs, 56 on 8) to the
-evaluator's 32 spare workers beside them. kevin_jax/placement.py now counts pools, trainer and evaluator against the
-host's RAM and refuses what does not fit; the 4-GPU layouts run kernels on 2 of the GPUs with 1 spare worker each and
-3 builds at once; gpu.host_memory_floor stops a run whose host runs out anyway (the largest-output tasks on every GPU
-at once need up to ~70 GiB more). Plan of one full step, before measurement (512 samples of ~4k prompt + ~12k response
-tokens; two updates of 8 N FLOPs per token plus attention at 40% MFU; decoding at 60% of the bandwidth roofline,
-weights + KV read per token step, as many sequences at once as the KV room holds): ~45 min on 8 x H200 (decoding ~14
-min, the updates ~27), ~1.5 h on 4 x H200 (~30 + ~54), ~50 min on 4 x H100 with its rows capped (~18 + ~32). The
-updates bound every node; evaluation overlaps decoding. A console line per step (score, correctness, sampling /
-evaluation / update / optimizer / checkpoint time, peak HBM, host RSS); in TensorBoard watch
-rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
+What to expect, measured with random weights (docs/LOG.md, "Kevin-32B's first full-size updates" and the entries
+it cites): load 12-16 s, the host state built in ~130 s; on 4 x H200 (h200x4) two capped RL steps ran with both
+updates each: 6.5 s of gradients per update of 32k tokens (24% MFU), 4.8-5.1 s of host optimiser step per update, 91 GB
+of HBM per GPU at the peak, 493 of 503 GiB of host memory in use (10.8 GiB available at the least); decode at B = 64
+reaches 59-61% of the bandwidth roofline (4 x H200 / 4 x H100), prefill 13k tok/s (4 x H100). The h100x4 layout's
+full-depth update has not run. One full step, projected from those rates (512 samples of ~3k prompt + ~6k response
+tokens; arithmetic in the LOG): ~115 min on 4 x H100 or 4 x H200, ~47 min on 8 x H200. Every node is bound by the
+evaluator's builds (512 builds of ~28 CPU-s, 3 at once on a 512 GB node beside the pinned pools, 8 on 8 GPUs), then by
+the two updates (~34 min on 4 GPUs, ~17 on 8); decoding (~17-30 min on 4 GPUs) overlaps the builds. The plan written
+before these runs (~1.5 h on 4 x H200, bound by the updates) did not count the builds.
+
+A console line per step (score, correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM,
+host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
 ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
 (small). Held-out evaluation every 10 steps. Kill it at any point and rerun the same command to resume.
 """
@@ -82,8 +80,9 @@ class Layout:
 # trainer stops at against the host's RAM, and refuses what does not fit (cuda_eval's defaults, 8 spare workers per
 # GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). On 4-GPU nodes (512 GB) kernels run on 2 of
 # the GPUs, with 1 spare worker each and 3 builds at once (~4 GiB left); 8-GPU nodes need ~560 GiB of RAM with every
-# GPU evaluating, 2 spares and 8 builds (DGX-class nodes have 2 TB). The docstring's step plan (evaluation overlapping
-# decoding) was made with every GPU evaluating; with 2 GPUs and 3 builds it is not re-estimated.
+# GPU evaluating, 2 spares and 8 builds (DGX-class nodes have 2 TB). At full size on 4 x H200 the host kept 10.8 GiB
+# available. The 3 builds are what bound a full step on 4 GPUs (the docstring's projection): memory freed elsewhere on
+# the host is best spent on builds.
 LAYOUTS = {
     "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
     "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),

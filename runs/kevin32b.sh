@@ -25,13 +25,11 @@
 # (/tmp/kevin32b), OUT (workdirs/kevin32b: logs, metrics, summary.txt), SHM (/dev/shm/kevin32b_ckpt), and a time
 # limit per stage in seconds: CHECKPOINT_S, SAMPLER_S, STEPS_S, RESUME_S.
 # Each stage appends its outcome to $OUT/summary.txt as it ends.
-# Measured on 4 x H100 and 4 x H200 (docs/LOG.md, "4 x H100: Kevin-32B at full size up to its first update", "4 x H100,
-# second run", "4 x H200"): checkpoint 53-62 s; steps: load 12-16 s, the host state 265-275 s, step 1's sampling
-# 120 s, then the update's compiles (more than 450 s in all: give STEPS_S 900 or more). The full-size update has not
-# run yet: the host's memory ran out in the second and third runs (first XLA's uncapped pinned pools, then 32 spare
-# evaluator workers beside the capped pools; both now counted by kevin_jax/placement.py, and gpu.host_memory_floor
-# stops a run whose host runs out). resume 282 s for both runs; sampler: decode at B = 32, 64, 128 in 150 s, then the
-# end to end (prefill) ran out of GPU memory (since given half the pool, not yet rerun).
+# Measured on 4 x H100 and 4 x H200 (docs/LOG.md, "Kevin-32B's first full-size updates" and the entries it cites):
+# checkpoint 52-64 s; steps on 4 x H200: load 12-13 s, the host state 127 s, step 1 148 s (sampling 107 s with its
+# compiles, update 41 s), step 2 95 s (sampling 72 s, update 23 s), 476 s in all (the first runs, before the host's
+# memory was counted, ran out of it); resume 282-298 s for both runs; sampler: the end to end 91 s on 4 x H100,
+# decode at B = 32, 64, 128 ~150 s.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

@@ -104,3 +104,28 @@ def test_honest_copies_are_correct_and_wrong_ones_incorrect_through_the_judge(co
         want = "incorrect" if req.request_id.endswith("wrong") else "ok"
         assert got == want, (req.request_id, r.runtime_error, r.trials[-1:], r.compile_log[-500:])
 
+
+
+def test_report_merges_saved_rows_of_split_runs(tmp_path, capsys):
+    """--report: the tables of rows from several runs' <out>.jsonl (one per GPU of a split sweep), a (task, kind)
+    seen twice (a resumed job) counted once; a row against expectation is listed with its error."""
+    import json
+
+    def row(task, level, kind, verdict, expected, error=""):
+        return {"task_id": task, "level": level, "kind": kind, "verdict": verdict, "expected": expected,
+                "error": error, "run_s": 2.0, "output_bytes": 1 << 20, "device_used_bytes": 3 << 30}
+
+    first = [row("L1/19_ReLU", 1, "honest", "internal_error", "ok", "OSError: File too large"),
+             row("L1/19_ReLU", 1, "wrong", "incorrect", "incorrect")]
+    second = [row("L1/19_ReLU", 1, "honest", "ok", "ok"), row("L2/5_Conv", 2, "honest", "ok", "ok")]
+    paths = []
+    for name, rows in (("a.jsonl", first), ("b.jsonl", second)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(str(tmp_path / name))
+    sweep.main(["--report", ",".join(paths)])
+    out = capsys.readouterr().out
+    assert "3 verdicts of 2 tasks from 2 file(s) (3 on card not recorded)" in out
+    assert "| 1 | honest | 1 | 1 | 1 | 0 | 0 |" in out and "| 2 | honest | 1 | 1 | 1 |" in out
+    assert "File too large" not in out                 # the resumed row replaced the internal error
+    (tmp_path / "c.jsonl").write_text(json.dumps(first[0]) + "\n")
+    assert "OSError: File too large" in sweep.report([str(tmp_path / "c.jsonl")])

@@ -62,7 +62,7 @@ def test_sampler_benchmark_end_to_end_alone_tiny(tmp_path):
     tp = json.loads(out.read_text())["tp"]["tiny"]
     assert tp["e2e"]["prefill_tok_s"] > 0 and tp["e2e"]["decode_tok_s"] > 0
     assert tp["steps"] == {} and tp["breakdown"] == {}
-    assert "prefill" in proc.stdout
+    assert "prefill" in proc.stdout and "| batch | mean context" not in proc.stdout   # no empty decode table
     bad = subprocess.run([sys.executable, "benchmarks/sampler.py", "--tiny", "--gpus", "2", "--tp-parts", "prefil",
                           "--out", str(tmp_path / "bad.json")], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
