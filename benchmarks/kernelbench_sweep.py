@@ -460,7 +460,8 @@ def main(argv=None) -> None:
     p.add_argument("--root", default="", help="KernelBench checkout or folder of level<N>/ dirs (required to run)")
     p.add_argument("--report", default="",
                    help="run nothing: print the tables of saved rows (<out>.jsonl files, comma-separated, e.g. one "
-                        "per GPU of a split run; a task and kind seen twice count once, the last row)")
+                        "per GPU of a split run; a task and kind seen twice count once: the row of the file named "
+                        "last, so name a rerun after the run it replaces)")
     p.add_argument("--levels", default="1,2,3")
     p.add_argument("--limit", type=int, default=0, help="only the first N tasks of each level")
     p.add_argument("--tasks", default="", help="comma-separated task ids or parts of them (L1/19_ReLU, 19_ReLU)")

@@ -139,12 +139,15 @@ def parse_args(argv=None):
                                                     "machine session then skips most compiles)")
     tp.add_argument("--tp-parts", default="decode,e2e,shard",
                     help="which sections run: decode (the throughput table and the step's parts), e2e (generate end "
-                         "to end: prefill and decode tok/s), shard (one GPU's shard); e2e alone is a clean process "
-                         "for the prefill, with none of the decode sections' buffers beside it")
+                         "to end: prefill and decode tok/s), shard (one GPU's shard). All three in one process ran "
+                         "out of memory in the end to end at QwQ-32B on 4 x H200; runs/kevin32b.sh runs e2e alone "
+                         "first, then decode,shard")
     tp.add_argument("--tp-layers", action="store_true", help="also time the layers without attention (one more "
                                                              "64-layer compile)")
     first = p.parse_args(argv)
     unknown = set(first.tp_parts.split(",")) - {"decode", "e2e", "shard"}
+    if not first.tp_parts.strip(","):
+        p.error("--tp-parts: name at least one of decode, e2e, shard")
     if unknown:
         p.error(f"--tp-parts: unknown part(s) {', '.join(sorted(unknown))} (choose from decode, e2e, shard)")
     if first.gpus:
@@ -576,10 +579,15 @@ class TensorParallelBench:
                              prefill_chunk=args.tp_prefill_chunk,
                              attention="pallas" if jax_backend() == "gpu" else "xla").replace(**changes)
 
-    def _skip(self, label: str, estimate_s: float) -> bool:
+    def _skip(self, label: str, estimate_s: float, key: str = "") -> bool:
+        """True (and the skip recorded under record[key], or the breakdown's label) when it would end past the
+        budget."""
         if elapsed() + estimate_s > self.args.budget_s:
-            self.record["breakdown"][label] = {"error": f"skipped: would end past the {self.args.budget_s:.0f}s "
-                                                        f"budget (t={elapsed():.0f}s)"}
+            skipped = {"error": f"skipped: would end past the {self.args.budget_s:.0f}s budget (t={elapsed():.0f}s)"}
+            if key:
+                self.record[key] = skipped
+            else:
+                self.record["breakdown"][label] = skipped
             save()
             return True
         return False
@@ -653,7 +661,7 @@ class TensorParallelBench:
         # allocator failed 67 MiB requests until the stage's time ran out); on 4 x H200 after the decode sections,
         # 125 of 128 GB were still in use and the prefill's autotuning failed, so runs/kevin32b.sh runs it in a
         # process of its own (--tp-parts e2e).
-        if "e2e" in parts_wanted and not self._skip("end to end", 60):
+        if "e2e" in parts_wanted and not self._skip("end to end", 60, key="e2e"):
             e2e_engine = SamplerEngine(model, self._config(max_slots=self.middle,
                                                            num_pages=max(1, plan.pages_per_layer // 2)))
             record["e2e"] = guarded(f"tp {self.name} end to end", self.end_to_end, e2e_engine, params)

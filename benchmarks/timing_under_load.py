@@ -4,6 +4,8 @@ and judging a whole RL batch, compared with the same kernels timed alone on an i
     python benchmarks/timing_under_load.py --out $OUT/timing_under_load.json      # ~19 min on an H100 + 16 cores
     python benchmarks/timing_under_load.py --device-type cpu --limit 6 --quick --out /tmp/tul.json   # CPU smoke
     python benchmarks/timing_under_load.py --from-json timing_under_load.json     # re-analyse a saved run
+    CUDA_VISIBLE_DEVICES=K taskset -c <16 cores> python benchmarks/timing_under_load.py --shard K/4 --out tul_K.json
+    python benchmarks/timing_under_load.py --from-json tul_0.json,tul_1.json,tul_2.json,tul_3.json   # one report
 
 The set (built here, one item = id, task source, program): every honest kernel of tests/cuda_eval/corpus, the 22
 solved tasks of benchmarks/candidates and the built-in tasks' correct_* solutions (elementwise maps, reductions,
@@ -886,11 +888,40 @@ def print_report(out: dict) -> None:
 
 
 # --- main ---------------------------------------------------------------------------------------------------------
-def report_saved(path: str) -> None:
-    """The analysis and report of a saved run, recomputed from its records (a run made before a criterion changed
-    is judged by the current one)."""
-    with open(path) as f:
-        out = json.load(f)
+def merge_shards(runs: list[dict]) -> dict:
+    """One run out of the shards of a split one (--shard k/N, one GPU and its own cores each): the items' records
+    joined (an item is in one shard), the load programs' records kept apart per shard, the per-call floor of the
+    first shard that measured it, each shard's scenarios listed."""
+    if len({json.dumps(r.get("shard")) for r in runs}) != len(runs):
+        raise SystemExit("--from-json: the files are not distinct shards of one run (their --shard values repeat)")
+    out = dict(runs[0])
+    out["set"] = [x for r in runs for x in r["set"]]
+    out["set_n"] = len(out["set"])
+    ids = [x["id"] for x in out["set"]]
+    if len(set(ids)) != len(ids):
+        raise SystemExit("--from-json: an item appears in two of the files")
+    out["records"] = {key: {} for key in runs[0]["records"]}
+    for k, r in enumerate(runs):
+        for key, recs in r["records"].items():
+            prefix = f"shard{k}:" if key.startswith("load_programs") else ""
+            out["records"].setdefault(key, {}).update({prefix + i: v for i, v in recs.items()})
+    out["scenarios"] = {f"{name} (shard {r.get('shard', [k])[0]})": sc for k, r in enumerate(runs)
+                        for name, sc in r["scenarios"].items()}
+    out["empty_forward"] = next((r["empty_forward"] for r in runs if r.get("empty_forward")), None)
+    out["total_wall_s"] = max(r.get("total_wall_s", 0.0) for r in runs)
+    devices = {r.get("device_name") for r in runs}
+    out["device_name"] = " / ".join(sorted(str(d) for d in devices)) + f" ({len(runs)} shards side by side)"
+    return out
+
+
+def report_saved(paths: str) -> None:
+    """The analysis and report of a saved run (or of the shards of one, comma-separated), recomputed from its
+    records (a run made before a criterion changed is judged by the current one)."""
+    runs = []
+    for path in paths.split(","):
+        with open(path) as f:
+            runs.append(json.load(f))
+    out = runs[0] if len(runs) == 1 else merge_shards(runs)
     items = [Item(x["id"], x["source"], x["task_id"], "", "", True) for x in out["set"]]
     rec, skip_idle = out["records"], bool(out["args"].get("skip_idle"))
     out["analysis"] = analyse(items, rec["idle"], rec["load"], rec["warm"], skip_idle)
@@ -910,6 +941,9 @@ def main():
                    help="cpu: a smoke run of the plumbing on the CPU corpus (no floor, no graph)")
     p.add_argument("--compile-workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--limit", type=int, default=0, help="only the first N items of the set (quick runs)")
+    p.add_argument("--shard", default="", help="K/N: every N-th item from the K-th (0-based), for a run split over N "
+                   "GPUs side by side, each with its own cores (CUDA_VISIBLE_DEVICES, taskset); --from-json joins "
+                   "the shards' files")
     p.add_argument("--load-programs", type=int, default=0, help="distinct load programs in batches 2 and 3 "
                    "(default 40, --quick 8)")
     p.add_argument("--quick", action="store_true", help="fewer load programs")
@@ -919,9 +953,18 @@ def main():
     p.add_argument("--keep-cache", action="store_true", help="leave the build caches in /var/tmp")
     p.add_argument("--with-sampler", action="store_true", help="scenario 4: the set again while a JAX sampler "
                    "generates on the same GPU (reported apart, no target)")
-    p.add_argument("--from-json", default="", help="analyse and report a saved run (its --out) with this script's "
-                   "criteria, and exit")
+    p.add_argument("--from-json", default="", help="analyse and report a saved run (its --out; or the shards' files, "
+                   "comma-separated) with this script's criteria, and exit")
     args = p.parse_args()
+    shard = None
+    if args.shard:
+        try:
+            k, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            p.error(f"--shard {args.shard!r}: expected K/N, e.g. 0/4")
+        if not (n >= 1 and 0 <= k < n):
+            p.error(f"--shard {args.shard}: need 0 <= K < N")
+        shard = [k, n]
     if args.from_json:
         report_saved(args.from_json)
         return
@@ -936,9 +979,11 @@ def main():
     items = cpu_set() if args.device_type == "cpu" else gpu_set()
     if args.limit:
         items = items[:args.limit]
+    if shard:
+        items = items[shard[0]::shard[1]]
     by_source = {s: sum(i.source == s for i in items) for s in ("honest", "bench", "builtin", "cpu")}
     log(f"set: {len(items)} items {by_source}; {n_load} load programs")
-    out: dict = {"args": vars(args), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "set_n": len(items),
+    out: dict = {"args": vars(args), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "shard": shard, "set_n": len(items),
                  "set": [{"id": i.id, "source": i.source, "task_id": i.task_id} for i in items],
                  "timing_method": getattr(make_config(args), "timing_method", None), "scenarios": {}, "cache_dirs": [],
                  "ref_timing_cache": {"idle": "off (every reference timed fresh, idle)",

@@ -44,7 +44,8 @@ full-depth update has not run. One full step, projected from those rates (512 sa
 tokens; arithmetic in the LOG): ~115 min on 4 x H100 or 4 x H200, ~47 min on 8 x H200. Every node is bound by the
 evaluator's builds (512 builds of ~28 CPU-s, 3 at once on a 512 GB node beside the pinned pools, 8 on 8 GPUs), then by
 the two updates (~34 min on 4 GPUs, ~17 on 8); decoding (~17-30 min on 4 GPUs) overlaps the builds. The plan written
-before these runs (~1.5 h on 4 x H200, bound by the updates) did not count the builds.
+before these runs (~1.5 h on 4 x H200, bound by the updates) assumed longer samples (~4k + 12k tokens), 40% MFU and
+no limit on builds.
 
 A console line per step (score, correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM,
 host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier

@@ -29,7 +29,8 @@
 # checkpoint 52-64 s; steps on 4 x H200: load 12-13 s, the host state 127 s, step 1 148 s (sampling 107 s with its
 # compiles, update 41 s), step 2 95 s (sampling 72 s, update 23 s), 476 s in all (the first runs, before the host's
 # memory was counted, ran out of it); resume 282-298 s for both runs; sampler: the end to end 91 s on 4 x H100,
-# decode at B = 32, 64, 128 ~150 s.
+# decode at B = 32, 64, 128 with the step's parts ~110 s on 4 x H200 (each from a process of its own: ~20-35 s of
+# start-up, roofline and weights).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -97,14 +98,19 @@ for stage in $STAGES; do
       fi ;;
     sampler)
       T=$SECONDS; lim=$(limit sampler 600)
-      # The end to end (prefill) first, in a process of its own: after the decode sections the prefill found no
-      # room (4 x H200: 125 of 128 GB still in use).
-      timeout "$((lim / 2))" $PY benchmarks/sampler.py --gpus "$NGPU" --tp-parts e2e \
+      if [ "$lim" -lt 300 ]; then
+        note "sampler: SAMPLER_S=$lim is too short (the end to end and the decode sections need 300 s or more)"
+        rc=1; continue
+      fi
+      # The end to end (prefill) first, in a process of its own: run after the decode sections in one process, the
+      # prefill found no room (4 x H200).
+      timeout -k 30 "$((lim / 2))" $PY benchmarks/sampler.py --gpus "$NGPU" --tp-parts e2e \
         --cache-dir "$JAX_COMPILATION_CACHE_DIR" --budget-s $((lim / 2 - 30)) --out "$OUT/sampler_tp_e2e.json" \
         > "$OUT/sampler_e2e.log" 2>&1
       r1=$?
-      timeout "$((lim - (SECONDS - T)))" $PY benchmarks/sampler.py --gpus "$NGPU" --tp-parts decode,shard \
-        --cache-dir "$JAX_COMPILATION_CACHE_DIR" --budget-s $((lim - (SECONDS - T) - 60)) \
+      left=$((lim - (SECONDS - T))); [ $left -lt 120 ] && left=120     # the middle batch runs whatever the budget
+      timeout -k 30 "$left" $PY benchmarks/sampler.py --gpus "$NGPU" --tp-parts decode,shard \
+        --cache-dir "$JAX_COMPILATION_CACHE_DIR" --budget-s $((left - 60)) \
         --out "$OUT/sampler_tp.json" > "$OUT/sampler.log" 2>&1
       r=$?; [ $r = 0 ] && [ $r1 = 0 ] || rc=1
       note "sampler: rc=$r1 (end to end), $r (decode) in $((SECONDS - T)) s"

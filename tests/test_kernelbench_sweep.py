@@ -105,7 +105,6 @@ def test_honest_copies_are_correct_and_wrong_ones_incorrect_through_the_judge(co
         assert got == want, (req.request_id, r.runtime_error, r.trials[-1:], r.compile_log[-500:])
 
 
-
 def test_report_merges_saved_rows_of_split_runs(tmp_path, capsys):
     """--report: the tables of rows from several runs' <out>.jsonl (one per GPU of a split sweep), a (task, kind)
     seen twice (a resumed job) counted once; a row against expectation is listed with its error."""
