@@ -11,15 +11,18 @@ sources.light_header_text):
   2. the same launch from a host function over `at::Tensor` (`#include <ATen/core/Tensor.h>` only);
   3. 2 plus one ATen operator header (ATen/ops/empty_like.h: how nearly every candidate allocates its output);
   4. the candidate's own cuda.cu with its light header, as the build writes it.
-Per unit: the lines every front end parses (`g++ -E` with the same includes) and the CPU seconds of the whole nvcc
-run (the rusage of the waited-for children: cudafe++, cicc, the host compile ...). CPU seconds, not wall: run it on
-an idle machine or read the CPU column only.
+  5. for comparison, the same launch from a unit that includes `<torch/extension.h>` (what load_inline's sources
+     include; the light header replaces it).
+Per unit: the lines every front end parses (`g++ -E` with the same includes), the CPU seconds of the whole nvcc
+run (the rusage of the waited-for children: cudafe++, cicc, the host compile ...) and its peak memory: the largest
+resident set of any one of its processes (their phases run one after another, so this is what one build holds at
+once; kevin_jax.placement counts builds by it). CPU seconds, not wall: run it on an idle machine or read the CPU
+column only.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -47,11 +50,16 @@ TENSOR = "#include <ATen/core/Tensor.h>\n#include <cuda_runtime.h>\n" + KERNEL +
 """
 TENSOR_OP = TENSOR.replace("#include <ATen/core/Tensor.h>\n",
                            "#include <ATen/core/Tensor.h>\n#include <ATen/ops/empty_like.h>\n", 1)
+EXTENSION = TENSOR.replace("#include <ATen/core/Tensor.h>\n", "#include <torch/extension.h>\n", 1)
 
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+# Runs a command and prints its CPU seconds and the largest resident set of its processes (a fresh process, so
+# that the maximum is this command's alone: RUSAGE_CHILDREN keeps the largest child ever waited for).
+MEASURE = """import resource, subprocess, sys
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+sys.stderr.write(proc.stderr)
+print(proc.returncode, r.ru_utime + r.ru_stime, r.ru_maxrss * 1024)
+"""
 
 
 def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[str, str], str]:
@@ -66,7 +74,8 @@ def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[s
     return {"plain kernel, no torch": PLAIN,
             "host function over at::Tensor (ATen/core/Tensor.h)": TENSOR,
             "+ one operator header (ATen/ops/empty_like.h)": TENSOR_OP,
-            f"{candidate_path.name}'s cuda.cu with its light header": sources.cuda_cu(spec, light=True)}, header
+            f"{candidate_path.name}'s cuda.cu with its light header": sources.cuda_cu(spec, light=True),
+            "the launch of 2 under torch/extension.h (no light header)": EXTENSION}, header
 
 
 def main(argv=None) -> int:
@@ -92,21 +101,22 @@ def main(argv=None) -> int:
             pre = subprocess.run(["g++", std, "-x", "c++", "-E", str(cu), f"-I{work}", *includes],
                                  capture_output=True, text=True)
             lines = pre.stdout.count("\n") if pre.returncode == 0 else None
-            cpu = None
+            cpu = peak = None
             if not args.lines_only:
-                before = children_cpu()
-                proc = subprocess.run([tc.nvcc, *cuda_flags, f"-I{work}", "-c", str(cu), "-o", str(work / "u.o")],
-                                      capture_output=True, text=True)
-                if proc.returncode != 0:
+                proc = subprocess.run([sys.executable, "-c", MEASURE, tc.nvcc, *cuda_flags, f"-I{work}", "-c",
+                                       str(cu), "-o", str(work / "u.o")], capture_output=True, text=True)
+                rc, cpu, peak = proc.stdout.split()
+                if rc != "0":
                     raise SystemExit(f"nvcc failed on {label}:\n{proc.stderr[-3000:]}")
-                cpu = children_cpu() - before
-            rows.append((label, lines, cpu))
+                cpu, peak = float(cpu), int(peak)
+            rows.append((label, lines, cpu, peak))
 
     print(f"toolchain: nvcc {tc.nvcc_version}, torch {tc.torch_version}, arch {tc.arch}\n")
-    print("| unit | lines after preprocessing | CPU-s (nvcc, all phases) |")
-    print("|---|---|---|")
-    for label, lines, cpu in rows:
-        print(f"| {label} | {'-' if lines is None else f'{lines:,}'} | {'-' if cpu is None else f'{cpu:.1f}'} |")
+    print("| unit | lines after preprocessing | CPU-s (nvcc, all phases) | peak memory GiB (its largest process) |")
+    print("|---|---|---|---|")
+    for label, lines, cpu, peak in rows:
+        print(f"| {label} | {'-' if lines is None else f'{lines:,}'} | {'-' if cpu is None else f'{cpu:.1f}'} | "
+              f"{'-' if peak is None else f'{peak / 2**30:.2f}'} |")
     return 0
 
 

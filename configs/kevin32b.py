@@ -41,11 +41,12 @@ updates each: 6.5 s of gradients per update of 32k tokens (24% MFU), 4.8-5.1 s o
 of HBM per GPU at the peak, 493 of 503 GiB of host memory in use (10.8 GiB available at the least); decode at B = 64
 reaches 59-61% of the bandwidth roofline (4 x H200 / 4 x H100), prefill 13k tok/s (4 x H100). The h100x4 layout's
 full-depth update has not run. One full step, projected from those rates (512 samples of ~3k prompt + ~6k response
-tokens; arithmetic in the LOG): ~115 min on 4 x H100 or 4 x H200, ~47 min on 8 x H200. Every node is bound by the
-evaluator's builds (512 builds of ~28 CPU-s, 3 at once on a 512 GB node beside the pinned pools, 8 on 8 GPUs), then by
-the two updates (~34 min on 4 GPUs, ~17 on 8); decoding (~17-30 min on 4 GPUs) overlaps the builds. The plan written
-before these runs (~1.5 h on 4 x H200, bound by the updates) assumed longer samples (~4k + 12k tokens), 40% MFU and
-no limit on builds.
+tokens; arithmetic in docs/LOG.md, "the host budget recalibrated"): ~95 min on 4 x H100 or 4 x H200, bound by the
+evaluator's builds (512 of ~28 CPU-s, 4 at once beside the pinned pools of a 512 GB node: ~59 min) and then the two
+updates (~34 min at the measured 24% MFU), decoding (~17-30 min) overlapping the builds; ~32 min on 8 x H200 (16
+builds, ~15 min, under decoding's ~8 and the updates' ~17), bound by the updates. The plan written before these runs
+(~1.5 h on 4 x H200, bound by the updates) assumed longer samples (~4k + 12k tokens), 40% MFU and no limit on
+builds.
 
 A console line per step (score, correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM,
 host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
@@ -79,17 +80,17 @@ class Layout:
 # The evaluator shares the host with the optimiser state's pinned pools (440 GiB on 4 GPUs, 448 on 8):
 # kevin_jax/placement.py counts them, the trainer, the evaluator's processes, the kernel's share and the floor the
 # trainer stops at against the host's RAM, and refuses what does not fit (cuda_eval's defaults, 8 spare workers per
-# GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). On 4-GPU nodes (512 GB) kernels run on 2 of
-# the GPUs, with 1 spare worker each and 3 builds at once (~4 GiB left); 8-GPU nodes need ~560 GiB of RAM with every
-# GPU evaluating, 2 spares and 8 builds (DGX-class nodes have 2 TB). At full size on 4 x H200 the host kept 10.8 GiB
-# available. The 3 builds are what bound a full step on 4 GPUs (the docstring's projection): memory freed elsewhere on
-# the host is best spent on builds.
+# GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). Builds bound a full step (the docstring's
+# projection: 512 of ~28 CPU-s each) while one GPU's slots keep up with them (1-4 s a job), so the 4-GPU nodes (512
+# GB) run the candidates' kernels on one GPU with 1 spare worker and spend the rest on 4 builds at once (~0.3 GiB
+# left above the floor); 8-GPU nodes need ~560 GiB of RAM with every GPU evaluating, 2 spares and 16 builds
+# (DGX-class nodes have 2 TB). Memory freed elsewhere on a 4-GPU host is best spent on builds.
 LAYOUTS = {
-    "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
-    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
-    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=3, eval_devices="0,1"),
-    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=3,
-                     eval_devices="0,1"),
+    "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85, eval_builds=16),
+    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90, eval_builds=16),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=4, eval_devices="0"),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=4,
+                     eval_devices="0"),
 }
 
 

@@ -150,16 +150,19 @@ HOST_POOL_SLACK = 1.18            # the pool's room beyond the GPU's share of th
 #   doubling size and a leaf never spans two, so regions end part-empty; a model of XLA's allocator placing QwQ-32B's
 #   leaves (tests/kevin_jax/test_host_pool.py) needs 1.07-1.16x the share, depending on the order of the leaves
 HOST_POOL_EXTRA_GIB = 1           # ... plus this (rounding; staged transfers have a pool of their own)
-# Host memory beside the pools. Measured at full size on 4 GPUs (docs/LOG.md, 2026-11-27, "4 x H200"): 36 GiB in use
-# before the state was built (the trainer starting, 4 judges and 32 spare workers), ~62 GiB beside the 440 GiB of
-# pools once it was (the trainer ~25-28 of it); the host (503 GiB) then thrashed. Estimates by part, not a model:
-HOST_TRAINER_GIB = 28             # the trainer process: CUDA contexts, compiled programs, XLA's staging pool
+# Host memory beside the pools, by part (estimates calibrated on runs, not a model). At full size on 4 x H200 (503
+# GiB; docs/LOG.md, 2026-11-27, "the host budget recalibrated"): 493 GiB in use through two RL steps beside 440 GiB of
+# pools at their caps and an idle evaluator of 4 processes (~3.4 GiB), so the trainer and the kernel's share took ~50
+# GiB together, 12 more than the first estimate (28 + 2% of RAM).
+HOST_TRAINER_GIB = 40             # the trainer process: CUDA contexts, compiled programs, XLA's staging pool
 EVAL_PROCESS_GIB = 0.8            # one idle cuda_eval process (a judge or a spare worker: torch and a CUDA context)
 EVAL_JOB_GIB = 2.0                # a running candidate's inputs and outputs, judge and worker (KernelBench levels
 #                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU: their output
 #                                   buffers wait for room or get task_too_large, cuda_eval.gpu_pool)
-COMPILE_JOB_GIB = 3.0             # one build of a candidate (`/usr/bin/time -v nvcc -c` of a kernel with
-#                                   torch/extension.h: 2.8 GiB maximum resident on the dev box)
+COMPILE_JOB_GIB = 1.0             # one build of a candidate: its largest process holds 0.91 GiB with the light
+#                                   header every realistic candidate gets (benchmarks/compile_floor.py); 2.9 GiB
+#                                   under torch/extension.h, the rare candidate the light header cannot serve, which
+#                                   the trainer's floor absorbs
 HOST_KERNEL_FRACTION = 0.02       # the kernel's own: page tables of the pinned pools, slabs, a working set of cache
 
 

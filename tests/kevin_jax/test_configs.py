@@ -352,8 +352,8 @@ def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkey
 
     def pool(gpus, **mesh):
         env = {}
-        apply_gpu_placement(GpuConfig(), "all", gpus, env, offload="pinned_host", param_count=qwq,
-                            mesh=placement.ParallelConfig(**mesh))
+        apply_gpu_placement(GpuConfig(), "0", gpus, env, offload="pinned_host", param_count=qwq,
+                            mesh=placement.ParallelConfig(**mesh))            # kernels on one GPU, as on 4-GPU nodes
         assert "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE" not in env   # would size XLA's staging pool alike
         return int(env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"])
     assert pool(4) == 110
@@ -401,8 +401,11 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
         place("h100x4", 4, "--config.eval.spare_workers=8")
     with pytest.raises(ValueError, match="eval.compile_workers"):
         place("h100x4", 4, "--config.eval.compile_workers=16")
-    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.devices=0")  # one GPU evaluating
-    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.mode=compile_only")   # no judges
+    with pytest.raises(ValueError, match="eval.devices"):
+        place("h100x4", 4, "--config.eval.devices=0,1")                   # a second GPU evaluating: no room
+    assert place("h100x4", 4, "--config.eval.spare_workers=2", "--config.eval.compile_workers=3")   # a spare more
+    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.compile_workers=3",
+                 "--config.eval.mode=compile_only")                      # no judges, no spares
     # CPU mode: its slots have judges and spares too
     cpu = placement.EvaluatorFootprint.of(_load("one_gpu", "--config.eval.device_type=cpu",
                                                  "--config.eval.cpu_workers=3").eval, 4)
@@ -414,10 +417,14 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 560)
     assert place("h100x8", 8)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "56"
     # the budget's parts add up to the host, the trainer's floor among them
-    evaluator = placement.EvaluatorFootprint(gpus=2, spares=1, compile_workers=3)
+    evaluator = placement.EvaluatorFootprint(gpus=1, spares=1, compile_workers=4)     # the 4-GPU layouts'
     budget = placement.host_budget_gib(110, 4, evaluator, 503, floor=0.01)
-    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx(2 * (2 * 0.8 + 2) + 3 * 3)
+    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx((2 * 0.8 + 2) + 4 * 1.0)
     assert budget["floor"] == pytest.approx(5.03)
     assert sum(v for k, v in budget.items() if k != "left") + budget["left"] == pytest.approx(503)
     assert 0 < budget["left"] < 10
-    assert placement.host_budget_gib(110, 4, placement.EvaluatorFootprint(4, 1, 2), 503, floor=0.01)["left"] < 0
+    # what the full-size run measured beside the pools (trainer and kernel ~50 GiB) leaves no room for a second
+    # evaluating GPU or a fifth build
+    assert budget["trainer"] + budget["kernel"] >= 49.6
+    for more in (placement.EvaluatorFootprint(2, 1, 3), placement.EvaluatorFootprint(1, 1, 5)):
+        assert placement.host_budget_gib(110, 4, more, 503, floor=0.01)["left"] < 0, more
