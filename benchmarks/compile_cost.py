@@ -20,6 +20,11 @@ timings.record_cpu_s). The CPU of all our child processes over the run (RUSAGE_C
 builds of new flag sets) is not lost. Candidates that cannot build on this machine for lack of CUDA headers (a
 CPU-only torch has no cusparse.h, so ATen/cuda/CUDAContext.h fails) are reported as such and not counted.
 
+Memory: the resident memory of all our descendant processes together (psutil, sampled every 50 ms while the
+candidates build: the compilers, the sandbox's helpers, the record process), its peak, and the same before the first
+build; with --workers 1 the difference is what one build holds at once, its phases that run side by side (the .cu's
+host and device chains, main.cpp beside the .cu) included. kevin_jax.placement counts builds by it.
+
 Projected throughput = cores * 3600 / median CPU-s per candidate (CPU-bound; --cores, default 16 as on the GPU
 box). Measured throughput = candidates / wall of the whole run with --workers workers.
 """
@@ -113,6 +118,45 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+class TreeMemory:
+    """The memory of this process's descendants together, sampled on a thread: `peak` the largest sum of their
+    resident sets, `peak_anon` the largest sum of their resident sets less file-backed and shared pages (what the
+    kernel cannot reclaim; a precompiled header mapped by a compiler is page cache, counted in `peak` only)."""
+
+    def __init__(self, period_s: float = 0.05):
+        import threading
+
+        import psutil
+        self._me, self.period_s, self.peak, self.peak_anon = psutil.Process(), period_s, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def now(self) -> tuple[int, int]:
+        import psutil
+        rss = anon = 0
+        for child in self._me.children(recursive=True):
+            try:
+                info = child.memory_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            rss += info.rss
+            anon += max(0, info.rss - getattr(info, "shared", 0))
+        return rss, anon
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            rss, anon = self.now()
+            self.peak, self.peak_anon = max(self.peak, rss), max(self.peak_anon, anon)
+
+    def __enter__(self) -> "TreeMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -159,6 +203,8 @@ def main(argv=None) -> int:
                     help="main.cpp exactly as load_inline writes it (the baseline of the glue + binding build)")
     ap.add_argument("--no-static-record", action="store_true",
                     help="record every program in the sandbox, as before the static record (the baseline)")
+    ap.add_argument("--sequential-phases", action="store_true",
+                    help="nvcc's host and device chains one after the other (CompileConfig.parallel_phases=False)")
     ap.add_argument("--json", default="", help="write the per-candidate rows here")
     ap.add_argument("--keep-cache", default="", help="use (and keep) this cache dir instead of a fresh one")
     args = ap.parse_args(argv)
@@ -171,7 +217,8 @@ def main(argv=None) -> int:
         cfg = CompileConfig(workers=args.workers, arch=args.arch, cache_dir=cache_dir,
                             work_root=os.path.join(root, "work"), pch=args.pch, record_timeout_s=300,
                             compile_timeout_s=1800, glue_binding=not args.no_glue_binding,
-                            static_record=not args.no_static_record)
+                            static_record=not args.no_static_record,
+                            parallel_phases=not args.sequential_phases)
         t0, c0 = time.monotonic(), _children_cpu()
         pool = CompilePool(cfg)
         setup = {"wall_s": round(time.monotonic() - t0, 2), "children_cpu_s": round(_children_cpu() - c0, 2)}
@@ -180,7 +227,9 @@ def main(argv=None) -> int:
         tag_base = uuid.uuid4().hex[:6]
         rows = []
         t0, c0, s0 = time.monotonic(), _children_cpu(), _self_cpu()
-        with pool:
+        memory = TreeMemory()
+        baseline, baseline_anon = memory.now()
+        with pool, memory:
             futures = [(c, pool.submit(c["task"], distinct(c["code"], f"{tag_base}{i}"))) for i, c in enumerate(cands)]
             for c, fut in futures:
                 o = fut.result()
@@ -228,11 +277,19 @@ def main(argv=None) -> int:
           f"{3600 * len(rows) / wall:,.0f} candidates/hour on this machine ({os.cpu_count()} cores).")
     print(f"CPU over the run: child processes {children:.1f} s (phases account for {attributed:.1f} s; not in any "
           f"phase: {children - attributed:.1f} s), this process {own:.1f} s.")
+    print(f"Memory of the child processes together (sampled every {memory.period_s * 1e3:.0f} ms), peak: resident "
+          f"{memory.peak / 2**30:.2f} GiB ({baseline / 2**30:.2f} before the first build), of it not file-backed or "
+          f"shared {memory.peak_anon / 2**30:.2f} GiB ({baseline_anon / 2**30:.2f} before); with {args.workers} "
+          f"worker(s), per build at the peak: {(memory.peak - baseline) / 2**30 / args.workers:.2f} GiB resident, "
+          f"{(memory.peak_anon - baseline_anon) / 2**30 / args.workers:.2f} GiB not file-backed.")
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "wall_s": wall, "workers": args.workers, "cpus": os.cpu_count(),
-                       "children_cpu_s": children, "self_cpu_s": own, "setup": setup}, f, indent=1)
+                       "children_cpu_s": children, "self_cpu_s": own, "setup": setup,
+                       "memory_peak_bytes": memory.peak, "memory_baseline_bytes": baseline,
+                       "memory_peak_anon_bytes": memory.peak_anon, "memory_baseline_anon_bytes": baseline_anon},
+                      f, indent=1)
         print(f"written: {args.json}")
     return 0
 

@@ -35,23 +35,23 @@ env.max_response_tokens=8192 throughout; a departure from the recipe, logged at 
 published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
 free space at start): a 4-GPU node's 235 GB local disk holds none.
 
-What to expect, measured with random weights (docs/LOG.md, "Kevin-32B's first full-size updates" and the entries
-it cites): load 12-16 s, the host state built in ~130 s; on 4 x H200 (h200x4) two capped RL steps ran with both
-updates each: 6.5 s of gradients per update of 32k tokens (24% MFU), 4.8-5.1 s of host optimiser step per update, 91 GB
-of HBM per GPU at the peak, 493 of 503 GiB of host memory in use (10.8 GiB available at the least); decode at B = 64
+What to expect, measured with random weights (docs/LOG.md, "Kevin-32B's first full-size updates" and the entries it
+cites): load 12-16 s, the host state built in ~130 s; on 4 x H200 (h200x4) two capped RL steps ran with both updates
+each: 6.5 s of gradients per update of 32k tokens (24% MFU), 4.8-5.1 s of host optimiser step per update, 91 GB of
+HBM per GPU at the peak, 493 of 503 GiB of host memory in use (10.8 GiB available at the least); decode at B = 64
 reaches 59-61% of the bandwidth roofline (4 x H200 / 4 x H100), prefill 13k tok/s (4 x H100). The h100x4 layout's
 full-depth update has not run. One full step, projected from those rates (512 samples of ~3k prompt + ~6k response
-tokens; arithmetic in docs/LOG.md, "the host budget recalibrated"): ~95 min on 4 x H100 or 4 x H200, bound by the
-evaluator's builds (512 of ~28 CPU-s, 4 at once beside the pinned pools of a 512 GB node: ~59 min) and then the two
-updates (~34 min at the measured 24% MFU), decoding (~17-30 min) overlapping the builds; ~32 min on 8 x H200 (16
-builds, ~15 min, under decoding's ~8 and the updates' ~17), bound by the updates. The plan written before these runs
-(~1.5 h on 4 x H200, bound by the updates) assumed longer samples (~4k + 12k tokens), 40% MFU and no limit on
-builds.
+tokens; arithmetic in docs/LOG.md, "the host budget recalibrated"): ~3 h on 4 x H100 or 4 x H200, bound by the
+evaluator's builds (512 of them, one at a time beside the pinned pools of a 512 GB node: ~150 min), the two updates
+~34 min at the measured 24% MFU and decoding ~17-30 min; ~33 min on 8 x H200 (decoding ~8 min and 8 builds at once
+~16 min side by side, then the updates ~17 min), bound by the updates. The plan written before these runs (~1.5 h on
+4 x H200, bound by the updates) assumed longer samples (~4k + 12k tokens), 40% MFU and no limit on builds.
 
 A console line per step (score, correctness, sampling / evaluation / update / optimizer / checkpoint time, peak HBM,
-host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of steps, later turns above earlier
-ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse) and update0/logprob_mismatch_abs
-(small). Held-out evaluation every 10 steps. Kill it at any point and rerun the same command to resume.
+host RSS); in TensorBoard watch rollout/turn{0..3}/correct_rate and mean_speedup (should rise over the first tens of
+steps, later turns above earlier ones), rollout/not_okay_ratio (near 0; a rise is Kevin's early sign of collapse)
+and update0/logprob_mismatch_abs (small). Held-out evaluation every 10 steps. Kill it at any point and rerun the
+same command to resume.
 """
 import dataclasses
 import logging
@@ -75,22 +75,27 @@ class Layout:
     eval_spares: int = 2        # eval.spare_workers per GPU
     eval_builds: int = 8        # eval.compile_workers
     eval_devices: str = "all"   # eval.devices: the GPUs that also run the candidates' kernels
+    ckpt_concurrent_gb: int = 8  # ckpt.concurrent_gb: a checkpoint's bytes in host memory at once
+    eval_parallel_phases: bool = True  # eval.compile_parallel_phases (False: a build holds half the memory)
 
 
 # The evaluator shares the host with the optimiser state's pinned pools (440 GiB on 4 GPUs, 448 on 8):
 # kevin_jax/placement.py counts them, the trainer, the evaluator's processes, the kernel's share and the floor the
 # trainer stops at against the host's RAM, and refuses what does not fit (cuda_eval's defaults, 8 spare workers per
 # GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). Builds bound a full step (the docstring's
-# projection: 512 of ~28 CPU-s each) while one GPU's slots keep up with them (1-4 s a job), so the 4-GPU nodes (512
-# GB) run the candidates' kernels on one GPU with 1 spare worker and spend the rest on 4 builds at once (~0.3 GiB
-# left above the floor); 8-GPU nodes need ~560 GiB of RAM with every GPU evaluating, 2 spares and 16 builds
-# (DGX-class nodes have 2 TB). Memory freed elsewhere on a 4-GPU host is best spent on builds.
+# projection) while one GPU's slots keep up with them (1-4 s a job, a spare worker saving each job a worker's
+# start), and a build holds up to 4.3 GiB with its phases side by side, 2.1 GiB one after the other: the 4-GPU
+# layouts run the candidates' kernels on one GPU with 1 spare worker, one build at a time with its phases in turn,
+# and checkpoints written 1 GB at a time (1.3 GiB left of a "512 GB" node's 503 GiB). Each 2 GiB freed on a 4-GPU
+# host buys a build. 8-GPU nodes need ~583 GiB with every GPU evaluating, 2 spares, 8 builds and 8 GB of checkpoint
+# in flight (DGX-class nodes have 2 TB; the 8-GPU figures are the 4-GPU run's parts, not measured on 8).
 LAYOUTS = {
-    "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85, eval_builds=16),
-    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90, eval_builds=16),
-    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=4, eval_devices="0"),
-    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=4,
-                     eval_devices="0"),
+    "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
+    "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=1, eval_devices="0",
+                     ckpt_concurrent_gb=1, eval_parallel_phases=False),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=1,
+                     eval_devices="0", ckpt_concurrent_gb=1, eval_parallel_phases=False),
 }
 
 
@@ -143,6 +148,8 @@ def get_config(layout: str = "auto"):
     c.eval.spare_workers = node.eval_spares
     c.eval.compile_workers = node.eval_builds
     c.eval.devices = node.eval_devices
+    c.ckpt.concurrent_gb = node.ckpt_concurrent_gb
+    c.eval.compile_parallel_phases = node.eval_parallel_phases
     if node.max_row_tokens:
         c.env.max_prompt_tokens = 4096
         c.env.max_response_tokens = node.max_row_tokens - c.env.max_prompt_tokens

@@ -51,6 +51,9 @@ class EvalConfig:
     cpu_threads: int = 1                # torch threads of a CPU-mode worker
     # compilation (compile/pool.py)
     compile_workers: int = 0            # 0 = one per CPU core
+    compile_parallel_phases: bool = True  # a build's host and device chains side by side: it holds up to ~4.3 GiB
+                                          # at once; one after the other ~2.1 GiB and ~20% more wall time (a host
+                                          # short of memory builds more at once that way)
     arch: str = "auto"                  # "auto" (the GPU in use; sm_90 without one) or e.g. "sm_90"
     cache_dir: str = ""                 # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache (sandbox-readable)
     cache_max_bytes: int = 20 << 30
@@ -64,6 +67,8 @@ class EvalConfig:
     run_dir: str = ""                   # worker directories ("" = a temporary directory)
     worker_memory_bytes: int = 32 << 30  # host memory of a judge/worker process (RLIMIT_DATA and, where the
                                          # machine offers one, its memory cgroup; GPU memory is not counted); 0 = none
+    host_memory_reserve_gib: float = 0.0  # host memory a job's output buffer must leave available; 0 = max(2 GiB,
+                                          # 2% of the host's). A trainer beside the evaluator sets its own floor here
     # the sandbox (docs/EVALUATOR.md, "Sandbox")
     sandbox_uids: str = "60000-60999"   # as root: the dedicated uids candidates run as (inclusive); a uid is used
                                         # only if no account, process or file has it
@@ -125,6 +130,8 @@ class EvalConfig:
             raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
         if self.worker_memory_bytes < 0:
             raise ValueError("EvalConfig.worker_memory_bytes must be >= 0 (0 = no limit)")
+        if not self.host_memory_reserve_gib >= 0:
+            raise ValueError("EvalConfig.host_memory_reserve_gib must be >= 0 (0 = the evaluator's default)")
         from cuda_eval.sandbox.runner import parse_uid_range
         try:
             parse_uid_range(self.sandbox_uids)
@@ -465,7 +472,7 @@ class Evaluator:
         wanted = {"workers": compile_workers(cfg), "arch": self.arch,
                   "cache_dir": cfg.cache_dir, "cache_max_bytes": cfg.cache_max_bytes,
                   "record_timeout_s": cfg.record_timeout_s, "compile_timeout_s": cfg.compile_timeout_s,
-                  "max_log_chars": cfg.max_log_chars}
+                  "max_log_chars": cfg.max_log_chars, "parallel_phases": cfg.compile_parallel_phases}
         fields = {f.name for f in dataclasses.fields(cp.CompileConfig)}
         return cp.CompilePool(cp.CompileConfig(**{k: v for k, v in wanted.items() if k in fields}))
 
@@ -479,7 +486,8 @@ class Evaluator:
         return GpuPool(PoolConfig(device_type=cfg.device_type, devices=devices, run_dir=cfg.run_dir or None,
                                   start_timeout_s=cfg.worker_start_timeout_s,
                                   spares=spare_workers(cfg, len(devices)),
-                                  cpu_threads=cfg.cpu_threads, data_bytes=cfg.worker_memory_bytes or None))
+                                  cpu_threads=cfg.cpu_threads, data_bytes=cfg.worker_memory_bytes or None,
+                                  host_memory_reserve_bytes=int(cfg.host_memory_reserve_gib * 2**30) or None))
 
     # public API
     def submit(self, requests: Sequence[EvalRequest]) -> list[concurrent.futures.Future]:

@@ -75,6 +75,8 @@ class PoolConfig:
     # candidate's outputs. None: whatever the host (or its cgroup) has available. A task over it gets the task-level
     # verdict meta.task_too_large, never an internal error.
     output_memory_bytes: int | None = None
+    # Host memory an output buffer must leave available (None: host_memory_reserve(), the default's rule).
+    host_memory_reserve_bytes: int | None = None
     extra_env: dict = dataclasses.field(default_factory=dict)
     # A GPU's timing lock is machine-wide, named by the physical GPU: two evaluators on one GPU (two trainers, or a
     # trainer and launch/eval.py) must not time at the same time either. CPU-mode slots are virtual: per pool.
@@ -486,7 +488,7 @@ class GpuPool:
             token = next(self._counter)
             while need > UNCHECKED_OUTPUT_BYTES:
                 others = sum(self._granted.values())
-                free = host_memory_available() - host_memory_reserve()
+                free = host_memory_available() - (self.config.host_memory_reserve_bytes or host_memory_reserve())
                 if need <= free - others:
                     break
                 if not others:

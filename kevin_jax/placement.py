@@ -159,10 +159,12 @@ EVAL_PROCESS_GIB = 0.8            # one idle cuda_eval process (a judge or a spa
 EVAL_JOB_GIB = 2.0                # a running candidate's inputs and outputs, judge and worker (KernelBench levels
 #                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU: their output
 #                                   buffers wait for room or get task_too_large, cuda_eval.gpu_pool)
-COMPILE_JOB_GIB = 1.0             # one build of a candidate: its largest process holds 0.91 GiB with the light
-#                                   header every realistic candidate gets (benchmarks/compile_floor.py); 2.9 GiB
-#                                   under torch/extension.h, the rare candidate the light header cannot serve, which
-#                                   the trainer's floor absorbs
+COMPILE_JOB_GIB = 4.3             # one build of a candidate at its peak, its phases side by side (the .cu's host
+#                                   and device chains, the binding object beside them): 4.29 GiB of anonymous memory
+#                                   over 12 realistic candidates (benchmarks/compile_cost.py --workers 1); its largest
+#                                   single process holds 0.91 GiB (benchmarks/compile_floor.py)
+COMPILE_JOB_SEQUENTIAL_GIB = 2.1  # ... with the .cu's chains one after the other (eval.compile_parallel_phases=False;
+#                                   compile_cost.py --sequential-phases): 2.06 GiB, 17.8 s of wall a build against 14.6
 HOST_KERNEL_FRACTION = 0.02       # the kernel's own: page tables of the pinned pools, slabs, a working set of cache
 
 
@@ -173,24 +175,26 @@ class EvaluatorFootprint:
     gpus: int = 0
     spares: int = 0
     compile_workers: int = 0
+    build_gib: float = COMPILE_JOB_GIB
 
     @classmethod
     def of(cls, eval_config: Any, num_gpus: int) -> "EvaluatorFootprint":
         """From the eval config section (cuda_eval.api's defaults for the zeros)."""
         from cuda_eval.api import compile_workers, spare_workers     # no torch, no jax
         builds = compile_workers(eval_config)
+        build_gib = COMPILE_JOB_GIB if eval_config.compile_parallel_phases else COMPILE_JOB_SEQUENTIAL_GIB
         if eval_config.mode == "compile_only" or num_gpus == 0:
-            return cls(0, 0, builds)
+            return cls(0, 0, builds, build_gib)
         if eval_config.device_type == "cpu":      # CPU-mode slots, each with a judge and spares like a GPU's
             slots = max(1, eval_config.cpu_workers)
-            return cls(slots, spare_workers(eval_config, slots), builds)
+            return cls(slots, spare_workers(eval_config, slots), builds, build_gib)
         listed = parse_indices(eval_config.devices, "eval.devices")
         gpus = len(listed) if listed is not None else num_gpus
-        return cls(gpus, spare_workers(eval_config, gpus), builds)
+        return cls(gpus, spare_workers(eval_config, gpus), builds, build_gib)
 
     def gib(self) -> float:
         return (self.gpus * ((1 + self.spares) * EVAL_PROCESS_GIB + EVAL_JOB_GIB)
-                + self.compile_workers * COMPILE_JOB_GIB)
+                + self.compile_workers * self.build_gib)
 
 
 def host_pool_gib(param_count: int, state_shards: int) -> int:
@@ -201,17 +205,18 @@ def host_pool_gib(param_count: int, state_shards: int) -> int:
 
 
 def host_budget_gib(pool_gib: int, jax_gpus: int, evaluator: EvaluatorFootprint, ram_gib: int,
-                    floor: float = 0.0) -> dict:
+                    floor: float = 0.0, checkpoint_gib: float = 0.0) -> dict:
     """Host memory of an offloaded run by part, GiB: the pinned pools (they grow to their caps), the trainer, the
-    evaluator, the kernel's share, the floor the trainer stops at (gpu.host_memory_floor, a fraction of RAM); and
-    what is left."""
+    evaluator, a checkpoint being written or read (ckpt.concurrent_gb: orbax's bytes in flight), the kernel's share,
+    the floor the trainer stops at (gpu.host_memory_floor, a fraction of RAM); and what is left."""
     parts = {"pools": pool_gib * jax_gpus, "trainer": HOST_TRAINER_GIB, "evaluator": evaluator.gib(),
-             "kernel": HOST_KERNEL_FRACTION * ram_gib, "floor": floor * ram_gib}
+             "checkpoint": checkpoint_gib, "kernel": HOST_KERNEL_FRACTION * ram_gib, "floor": floor * ram_gib}
     return {**parts, "left": ram_gib - sum(parts.values())}
 
 
 def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
-                  environ: dict | None, evaluator: EvaluatorFootprint, floor: float) -> dict[str, str]:
+                  environ: dict | None, evaluator: EvaluatorFootprint, floor: float,
+                  checkpoint_gib: float = 0.0) -> dict[str, str]:
     """The cap of XLA's pinned-host pool of each GPU for an offloaded state: its share of the state and room for the
     allocator's growth. XLA's default (64 GiB per GPU) holds less than one GPU's share of QwQ-32B on 4 GPUs (91.5
     GiB); uncapped, each pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on 4 x H100 (503
@@ -224,32 +229,35 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
     _, fsdp, tensor = mesh_shape(mesh, jax_gpus * processes)
     pool = host_pool_gib(param_count, fsdp * tensor)
     ram = host_memory_gib()
-    budget = host_budget_gib(pool, jax_gpus, evaluator, ram, floor)
+    budget = host_budget_gib(pool, jax_gpus, evaluator, ram, floor, checkpoint_gib)
     if budget["left"] < 0:
         raise ValueError(
             f"optim.offload='pinned_host': the optimiser state ({param_count * HOST_STATE_BYTES_PER_PARAM / 1e9:.0f} "
             f"GB: float32 master weights and two AdamW moments, sharded {fsdp * tensor} ways) needs a pinned-host "
             f"pool of {pool} GiB on each of this host's {jax_gpus} GPUs ({budget['pools']} GiB); with the trainer "
             f"({budget['trainer']} GiB), the evaluator ({evaluator.gpus} GPU(s) with {evaluator.spares} spare "
-            f"worker(s) each, {evaluator.compile_workers} build(s) at once: {budget['evaluator']:.0f} GiB), the "
-            f"kernel's share ({budget['kernel']:.0f} GiB) and the floor the trainer stops at ({budget['floor']:.0f} "
+            f"worker(s) each, {evaluator.compile_workers} build(s) at once: {budget['evaluator']:.0f} GiB), a "
+            f"checkpoint's bytes in flight ({budget['checkpoint']:.0f} GiB, ckpt.concurrent_gb), the kernel's share "
+            f"({budget['kernel']:.0f} GiB) and the floor the trainer stops at ({budget['floor']:.0f} "
             f"GiB, gpu.host_memory_floor) that is {ram - budget['left']:.0f} GiB, and this machine has "
-            f"{ram} GiB: set eval.spare_workers or eval.compile_workers lower, evaluate on fewer GPUs (eval.devices), "
+            f"{ram} GiB: set eval.spare_workers, eval.compile_workers or ckpt.concurrent_gb lower, evaluate on "
+            f"fewer GPUs (eval.devices), "
             f"shard the state over more GPUs or hosts (mesh), or use optim.offload=none")
-    log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.0f, "
-             "kernel %.0f, floor %.0f; %.0f of %d left", budget["pools"], pool, budget["trainer"],
-             budget["evaluator"], budget["kernel"], budget["floor"], budget["left"], ram)
+    log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.1f, "
+             "checkpoint %.1f, kernel %.1f, floor %.1f; %.1f of %d left", budget["pools"], pool, budget["trainer"],
+             budget["evaluator"], budget["checkpoint"], budget["kernel"], budget["floor"], budget["left"], ram)
     return {"XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": str(pool)}
 
 
 def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, environ: dict | None = None,
                         offload: str = "none", param_count: int = 0,
                         mesh: ParallelConfig | None = None,
-                        evaluator: EvaluatorFootprint | None = None) -> dict[str, str]:
+                        evaluator: EvaluatorFootprint | None = None, checkpoint_gib: float = 0.0) -> dict[str, str]:
     """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set.
 
     offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section; evaluator: the
-    evaluator's processes (default: a judge per GPU of eval_devices, nothing else). With the optimiser state in pinned
+    evaluator's processes (default: a judge per GPU of eval_devices, nothing else); checkpoint_gib: the host memory
+    a checkpoint in progress holds (ckpt.concurrent_gb). With the optimiser state in pinned
     host memory each GPU's pinned-host pool is capped at its share of the state and the allocator's room to grow
     (_offload_pool); a state the machine cannot hold beside the trainer and the evaluator is refused here, before any
     work."""
@@ -269,7 +277,7 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
             eval_list = parse_indices(eval_devices, "eval.devices")
             evaluator = EvaluatorFootprint(len(eval_list) if eval_list is not None else num_gpus)
         changes.update(_offload_pool(param_count, len(jax_list) if jax_list is not None else num_gpus, mesh,
-                                     environ, evaluator, config.host_memory_floor))
+                                     environ, evaluator, config.host_memory_floor, checkpoint_gib))
     shared = shared_gpus(config.jax_devices, eval_devices, num_gpus)
     if shared:
         changes["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{config.jax_memory_fraction:.3f}"
@@ -288,11 +296,13 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
 
 def place_run(config: Any, num_gpus: int, environ: dict | None = None) -> dict[str, str]:
     """apply_gpu_placement for a run's config (sections gpu, eval, optim, model, mesh), before JAX starts."""
-    param_count, evaluator = 0, None
+    param_count, evaluator, checkpoint_gib = 0, None, 0.0
     if config.optim.offload == "pinned_host" and num_gpus:
         from kevin_jax.model import shapes   # no jax
         param_count = shapes.architecture_of(config.model.hf_checkpoint, config.model.shape).param_count()
         evaluator = EvaluatorFootprint.of(config.eval, num_gpus)
+        checkpoint_gib = config.ckpt.concurrent_gb * 1e9 / 2**30 if config.ckpt.enabled else 0.0
     return apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, num_gpus, environ,
                                offload=config.optim.offload, param_count=param_count,
-                               mesh=ParallelConfig(**config.mesh), evaluator=evaluator)
+                               mesh=ParallelConfig(**config.mesh), evaluator=evaluator,
+                               checkpoint_gib=checkpoint_gib)

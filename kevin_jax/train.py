@@ -75,7 +75,18 @@ NO_GPU_MESSAGE = (
 def make_evaluator(spec: RunSpec):
     """The real evaluator (cuda_eval), refusing to pretend: no GPU and no explicit compile-only request = NoGpuError."""
     require_gpu_for_kernels(spec.eval, visible_gpu_count(), NO_GPU_MESSAGE)
-    return Evaluator(spec.eval)
+    return Evaluator(evaluator_config(spec))
+
+
+def evaluator_config(spec: RunSpec):
+    """spec.eval, with the host memory an output buffer must leave set to the trainer's floor plus 1 GiB where the
+    eval section leaves it to the evaluator: cuda_eval never takes the host under the line this run stops at, and
+    takes what is above it (its own default, 2% of a large host, sat above the floor and refused the largest tasks
+    while the host had room)."""
+    floor = host_memory.floor_bytes(spec.gpu.host_memory_floor)
+    if spec.eval.host_memory_reserve_gib or not floor:
+        return spec.eval
+    return dataclasses.replace(spec.eval, host_memory_reserve_gib=floor / 2**30 + 1.0)
 
 
 def _phase_times(result) -> dict[str, float]:

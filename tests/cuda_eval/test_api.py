@@ -310,3 +310,16 @@ def test_spare_workers_auto_scales_with_the_cores_per_device():
     assert auto_spare_workers(1, 256) == 8         # each spare holds a CUDA context: capped
     with pytest.raises(ValueError, match="spare_workers"):
         EvalConfig(spare_workers=-1)
+
+
+def test_the_compile_pool_builds_with_the_phases_the_config_asks_for(monkeypatch):
+    """EvalConfig.compile_parallel_phases reaches the compile pool: a host short of memory builds each candidate's
+    host and device chains one after the other (a build then holds ~2.1 GiB, not ~4.3)."""
+    from cuda_eval.compile import pool as compile_pool
+    made = []
+    monkeypatch.setattr(compile_pool, "CompilePool", lambda config: made.append(config))
+    for parallel in (True, False):
+        evaluator = Evaluator.__new__(Evaluator)
+        evaluator.config, evaluator.arch = EvalConfig(compile_parallel_phases=parallel), "sm_90"
+        evaluator._make_compile_pool()
+    assert [c.parallel_phases for c in made] == [True, False]

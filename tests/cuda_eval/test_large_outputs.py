@@ -263,3 +263,30 @@ def test_output_buffers_leave_a_large_host_its_share_free(monkeypatch):
     pool._release_host_memory(pool._reserve_host_memory(1 << 30, time.monotonic() + 1))
     fake_total["bytes"] = 24 << 30                                  # a small host: the 2 GiB floor
     assert gpu_pool.host_memory_reserve() == gpu_pool.HOST_MEMORY_RESERVE
+
+
+def test_a_trainer_sets_the_reserve_an_output_buffer_leaves(monkeypatch):
+    """EvalConfig.host_memory_reserve_gib: beside a trainer whose floor is 5 GiB of a 500 GiB host (kevin_jax sets
+    its floor plus a margin), an output buffer may use what is available above that line, not above the default
+    2% (10 GiB): with 12 GiB available a 4 GiB need is granted, a 7 GiB one is a task-level verdict."""
+    import threading
+    import time
+
+    from cuda_eval import gpu_pool
+    from cuda_eval.api import EvalConfig, Evaluator
+    monkeypatch.setattr(gpu_pool, "host_memory_total", lambda: 500 << 30)
+    monkeypatch.setattr(gpu_pool, "host_memory_available", lambda: 12 << 30)
+    made = {}                          # the pool config the Evaluator makes from its EvalConfig (no processes)
+    monkeypatch.setattr(gpu_pool, "GpuPool", lambda config: made.setdefault("config", config))
+    evaluator = Evaluator.__new__(Evaluator)
+    evaluator.config = EvalConfig(device_type="cpu", host_memory_reserve_gib=6.0, worker_memory_bytes=0)
+    evaluator._make_gpu_pool(0)
+    assert made["config"].host_memory_reserve_bytes == 6 << 30
+    pool = GpuPool.__new__(GpuPool)    # the grant's arithmetic only
+    pool.config = made["config"]
+    pool._memory, pool._granted, pool._counter = threading.Condition(), {}, iter(range(100))
+    pool._release_host_memory(pool._reserve_host_memory(4 << 30, time.monotonic() + 1))
+    with pytest.raises(MemoryError, match="6.00 GiB available"):
+        pool._reserve_host_memory(7 << 30, time.monotonic() + 1)
+    with pytest.raises(ValueError, match="host_memory_reserve_gib"):
+        EvalConfig(host_memory_reserve_gib=-1.0)

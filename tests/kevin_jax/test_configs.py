@@ -377,14 +377,15 @@ def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkey
 
 
 def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
-    """Measured at full size on 4 GPUs of a 503 GiB host: the 440 GiB of pools, the trainer and an evaluator with 8
-    spare workers per GPU (cuda_eval's default on 64 cores) left nothing and the host thrashed for 13 minutes. That
-    setting is refused; configs/kevin32b.py's layouts are taken where they should be (4 GPUs: 512 GB; 8 GPUs: ~560
-    GiB), and the spare workers, builds and GPUs of the eval section are what is counted."""
+    """Measured at full size on 4 GPUs of a 503 GiB host: the 440 GiB of pools, the trainer and the kernel (~50 GiB
+    together) left ~11 GiB, and a build holds up to 4.3 GiB with its phases side by side, 2.1 one after the other.
+    An evaluator with 8 spare workers per GPU (cuda_eval's default on 64 cores) filled that host and it thrashed:
+    refused. configs/kevin32b.py's 4-GPU layouts (kernels on one GPU, 1 spare, one build with its phases in turn,
+    checkpoints 1 GB at a time) fit 503 GiB; a second build, a second evaluating GPU, builds with their phases side
+    by side or the default 32 GB of checkpoint in flight do not. The 8-GPU layouts need ~583 GiB. The refusal names
+    the parts."""
     from cuda_eval import api
     from kevin_jax import placement
-    from kevin_jax.model import shapes
-    qwq = shapes.named_config("qwq_32b").param_count()
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
     monkeypatch.setattr(api, "_usable_cpus", lambda: 64)          # the 4-GPU node's cores (spares, builds)
 
@@ -397,34 +398,39 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     with pytest.raises(ValueError, match="eval.spare_workers") as refused:
         place("h100x4", 4, "--config.eval.spare_workers=0", "--config.eval.compile_workers=0")
     assert "8 spare worker(s) each, 64 build(s)" in str(refused.value) and "503 GiB" in str(refused.value)
-    with pytest.raises(ValueError, match="eval.spare_workers"):
-        place("h100x4", 4, "--config.eval.spare_workers=8")
-    with pytest.raises(ValueError, match="eval.compile_workers"):
-        place("h100x4", 4, "--config.eval.compile_workers=16")
-    with pytest.raises(ValueError, match="eval.devices"):
+    with pytest.raises(ValueError, match=r"1 GPU\(s\) with 1 spare worker\(s\) each, 2 build\(s\)"):
+        place("h100x4", 4, "--config.eval.compile_workers=2")             # a second build: no room
+    with pytest.raises(ValueError, match=r"1 GPU\(s\) with 1 spare worker\(s\) each, 1 build\(s\) at once: 8 GiB"):
+        place("h100x4", 4, "--config.eval.compile_parallel_phases=True")  # its phases side by side: 4.3 GiB
+    with pytest.raises(ValueError, match=r"2 GPU\(s\) with 1 spare worker\(s\) each, 1 build\(s\)"):
         place("h100x4", 4, "--config.eval.devices=0,1")                   # a second GPU evaluating: no room
-    assert place("h100x4", 4, "--config.eval.spare_workers=2", "--config.eval.compile_workers=3")   # a spare more
-    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.compile_workers=3",
+    with pytest.raises(ValueError, match=r"checkpoint's bytes in flight \(30 GiB"):
+        place("h100x4", 4, "--config.ckpt.concurrent_gb=32")              # the default's 32 GB of checkpoint
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 520)
+    assert place("h100x4", 4, "--config.eval.compile_workers=8")          # 520 GiB: eight builds
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
+    assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.compile_workers=1",
                  "--config.eval.mode=compile_only")                      # no judges, no spares
     # CPU mode: its slots have judges and spares too
     cpu = placement.EvaluatorFootprint.of(_load("one_gpu", "--config.eval.device_type=cpu",
                                                  "--config.eval.cpu_workers=3").eval, 4)
     assert (cpu.gpus, cpu.spares) == (3, api.auto_spare_workers(3))
-    # 8 GPUs: refused on 512 GB, taken with ~560 GiB
+    # 8 GPUs: refused on 512 GB and 560 GiB, taken with ~583 GiB
     monkeypatch.setattr(api, "_usable_cpus", lambda: 128)
-    with pytest.raises(ValueError, match="8 GPU"):
-        place("h100x8", 8)
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 560)
+    for ram in (503, 560):
+        monkeypatch.setattr(placement, "host_memory_gib", lambda ram=ram: ram)
+        with pytest.raises(ValueError, match=r"8 GPU\(s\) with 2 spare worker\(s\) each, 8 build\(s\)"):
+            place("h100x8", 8)
+    monkeypatch.setattr(placement, "host_memory_gib", lambda: 584)
     assert place("h100x8", 8)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "56"
     # the budget's parts add up to the host, the trainer's floor among them
-    evaluator = placement.EvaluatorFootprint(gpus=1, spares=1, compile_workers=4)     # the 4-GPU layouts'
-    budget = placement.host_budget_gib(110, 4, evaluator, 503, floor=0.01)
-    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx((2 * 0.8 + 2) + 4 * 1.0)
-    assert budget["floor"] == pytest.approx(5.03)
+    evaluator = placement.EvaluatorFootprint(gpus=1, spares=1, compile_workers=1,
+                                             build_gib=placement.COMPILE_JOB_SEQUENTIAL_GIB)   # the 4-GPU layouts'
+    one_gb = 1e9 / 2**30                                                                      # their checkpoints'
+    budget = placement.host_budget_gib(110, 4, evaluator, 503, floor=0.01, checkpoint_gib=one_gb)
+    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx((2 * 0.8 + 2) + 2.1)
+    assert budget["floor"] == pytest.approx(5.03) and budget["checkpoint"] == pytest.approx(0.93, abs=0.01)
     assert sum(v for k, v in budget.items() if k != "left") + budget["left"] == pytest.approx(503)
-    assert 0 < budget["left"] < 10
-    # what the full-size run measured beside the pools (trainer and kernel ~50 GiB) leaves no room for a second
-    # evaluating GPU or a fifth build
+    assert 0 < budget["left"] < 2
+    # what the full-size run measured beside the pools: trainer and kernel ~50 GiB
     assert budget["trainer"] + budget["kernel"] >= 49.6
-    for more in (placement.EvaluatorFootprint(2, 1, 3), placement.EvaluatorFootprint(1, 1, 5)):
-        assert placement.host_budget_gib(110, 4, more, 503, floor=0.01)["left"] < 0, more
