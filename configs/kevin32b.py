@@ -150,6 +150,7 @@ def get_config(layout: str = "auto"):
     c.eval.devices = node.eval_devices
     c.ckpt.concurrent_gb = node.ckpt_concurrent_gb
     c.eval.compile_parallel_phases = node.eval_parallel_phases
+    c.eval.compile_pch_at_start = True      # before the optimiser state fills the host, not beside a build later
     if node.max_row_tokens:
         c.env.max_prompt_tokens = 4096
         c.env.max_response_tokens = node.max_row_tokens - c.env.max_prompt_tokens

@@ -54,6 +54,9 @@ class EvalConfig:
     compile_parallel_phases: bool = True  # a build's host and device chains side by side: it holds up to ~4.3 GiB
                                           # at once; one after the other ~2.1 GiB and ~20% more wall time (a host
                                           # short of memory builds more at once that way)
+    compile_pch_at_start: bool = False  # build the precompiled torch/extension.h of the default and -O3 flag sets
+                                        # when the evaluator starts (else in the background at first use: ~2.9 GiB
+                                        # beside that candidate's own build, which then compiles without it)
     arch: str = "auto"                  # "auto" (the GPU in use; sm_90 without one) or e.g. "sm_90"
     cache_dir: str = ""                 # "" = $CUDA_EVAL_CACHE_DIR or /var/tmp/cuda_eval_cache (sandbox-readable)
     cache_max_bytes: int = 20 << 30
@@ -474,7 +477,11 @@ class Evaluator:
                   "record_timeout_s": cfg.record_timeout_s, "compile_timeout_s": cfg.compile_timeout_s,
                   "max_log_chars": cfg.max_log_chars, "parallel_phases": cfg.compile_parallel_phases}
         fields = {f.name for f in dataclasses.fields(cp.CompileConfig)}
-        return cp.CompilePool(cp.CompileConfig(**{k: v for k, v in wanted.items() if k in fields}))
+        pool = cp.CompilePool(cp.CompileConfig(**{k: v for k, v in wanted.items() if k in fields}))
+        if cfg.compile_pch_at_start:
+            for extra in ((), ("-O3",)):             # the flag sets nearly every KernelBench-style program uses
+                pool.warm(extra)
+        return pool
 
     def _make_gpu_pool(self, n_gpus: int):
         from cuda_eval.gpu_pool import GpuPool, PoolConfig

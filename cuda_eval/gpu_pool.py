@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 JUDGE_MARGIN_S = 60.0      # the judge's own work (reference, comparisons) on top of the job's timeout
 JUDGE_MAX_JOBS = 500       # a fresh judge after this many jobs (task modules and caches pile up in one process)
 HOST_MEMORY_RESERVE = 2 << 30     # host memory an output buffer must leave free (the processes' own needs) ...
-HOST_MEMORY_RESERVE_FRACTION = 0.02  # ... or this share of the host's memory, if more: above the floor a trainer
-#                                      beside us stops at (kevin_jax gpu.host_memory_floor, 1%), since a host out of
-#                                      memory with most of it pinned (an offloaded optimiser state) thrashes
+HOST_MEMORY_RESERVE_FRACTION = 0.02  # ... or this share of the host's memory, if more (the default; a trainer beside
+#                                      us sets EvalConfig.host_memory_reserve_gib from the floor it stops at, since a
+#                                      host out of memory with most of it pinned thrashes)
 UNCHECKED_OUTPUT_BYTES = 256 << 20  # smaller output needs are granted without reading the host's free memory
 JUDGE_OWN_MEMORY = 6 << 30        # host memory of a judge process beside a job's outputs (torch, CUDA, CUPTI, task)
 

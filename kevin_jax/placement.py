@@ -240,8 +240,8 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
             f"checkpoint's bytes in flight ({budget['checkpoint']:.0f} GiB, ckpt.concurrent_gb), the kernel's share "
             f"({budget['kernel']:.0f} GiB) and the floor the trainer stops at ({budget['floor']:.0f} "
             f"GiB, gpu.host_memory_floor) that is {ram - budget['left']:.0f} GiB, and this machine has "
-            f"{ram} GiB: set eval.spare_workers, eval.compile_workers or ckpt.concurrent_gb lower, evaluate on "
-            f"fewer GPUs (eval.devices), "
+            f"{ram} GiB: set eval.spare_workers, eval.compile_workers or ckpt.concurrent_gb lower, build with "
+            f"eval.compile_parallel_phases=False (half the memory a build), evaluate on fewer GPUs (eval.devices), "
             f"shard the state over more GPUs or hosts (mesh), or use optim.offload=none")
     log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.1f, "
              "checkpoint %.1f, kernel %.1f, floor %.1f; %.1f of %d left", budget["pools"], pool, budget["trainer"],

@@ -51,7 +51,8 @@ from kevin_jax import host_memory, logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, resolve_gpu_name
 from kevin_jax.env.submissions import share_gpus_with_evaluator
 from kevin_jax.env.trajectory import Trajectory, step_path, write_trajectories
-from kevin_jax.placement import require_gpu_for_kernels, shared_gpus
+from kevin_jax.placement import (COMPILE_JOB_GIB, COMPILE_JOB_SEQUENTIAL_GIB, require_gpu_for_kernels,
+                                 shared_gpus)
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import advantages, rollout_stats, speed_metrics
 from kevin_jax.rl import batch as rl_batch
@@ -79,14 +80,15 @@ def make_evaluator(spec: RunSpec):
 
 
 def evaluator_config(spec: RunSpec):
-    """spec.eval, with the host memory an output buffer must leave set to the trainer's floor plus 1 GiB where the
-    eval section leaves it to the evaluator: cuda_eval never takes the host under the line this run stops at, and
-    takes what is above it (its own default, 2% of a large host, sat above the floor and refused the largest tasks
-    while the host had room)."""
+    """spec.eval, with the host memory an output buffer must leave set where the eval section leaves it to the
+    evaluator: the trainer's floor, one build's worth (a build that starts right after a grant) and 1 GiB. cuda_eval's
+    output buffers then never take the host under the line this run stops at, and use what is above it (its own
+    default, 2% of a large host, is a guess that knows nothing of the floor)."""
     floor = host_memory.floor_bytes(spec.gpu.host_memory_floor)
     if spec.eval.host_memory_reserve_gib or not floor:
         return spec.eval
-    return dataclasses.replace(spec.eval, host_memory_reserve_gib=floor / 2**30 + 1.0)
+    build = COMPILE_JOB_GIB if spec.eval.compile_parallel_phases else COMPILE_JOB_SEQUENTIAL_GIB
+    return dataclasses.replace(spec.eval, host_memory_reserve_gib=floor / 2**30 + build + 1.0)
 
 
 def _phase_times(result) -> dict[str, float]:

@@ -312,14 +312,25 @@ def test_spare_workers_auto_scales_with_the_cores_per_device():
         EvalConfig(spare_workers=-1)
 
 
-def test_the_compile_pool_builds_with_the_phases_the_config_asks_for(monkeypatch):
-    """EvalConfig.compile_parallel_phases reaches the compile pool: a host short of memory builds each candidate's
-    host and device chains one after the other (a build then holds ~2.1 GiB, not ~4.3)."""
+def test_the_compile_pool_builds_with_the_phases_and_headers_the_config_asks_for(monkeypatch):
+    """EvalConfig.compile_parallel_phases reaches the compile pool (a host short of memory builds each candidate's
+    host and device chains one after the other: ~2.1 GiB a build, not ~4.3), and compile_pch_at_start builds the
+    precompiled headers of the default and -O3 flag sets when the evaluator starts, not beside a build later."""
     from cuda_eval.compile import pool as compile_pool
-    made = []
-    monkeypatch.setattr(compile_pool, "CompilePool", lambda config: made.append(config))
-    for parallel in (True, False):
+    made, warmed = [], []
+
+    class RecordingPool:                       # a test fake: records the config and the warm() calls, builds nothing
+        def __init__(self, config):
+            made.append(config)
+
+        def warm(self, extra_cflags=()):
+            warmed.append((len(made), tuple(extra_cflags)))
+            return True
+    monkeypatch.setattr(compile_pool, "CompilePool", RecordingPool)
+    for parallel, at_start in ((True, False), (False, True)):
         evaluator = Evaluator.__new__(Evaluator)
-        evaluator.config, evaluator.arch = EvalConfig(compile_parallel_phases=parallel), "sm_90"
+        evaluator.config = EvalConfig(compile_parallel_phases=parallel, compile_pch_at_start=at_start)
+        evaluator.arch = "sm_90"
         evaluator._make_compile_pool()
     assert [c.parallel_phases for c in made] == [True, False]
+    assert warmed == [(2, ()), (2, ("-O3",))]

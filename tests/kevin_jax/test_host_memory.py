@@ -196,9 +196,8 @@ def threading_main_ident():
 
 
 def test_the_evaluator_leaves_the_host_down_to_the_trainers_floor_plus_a_margin(monkeypatch):
-    """train.evaluator_config: cuda_eval's output buffers stop 1 GiB above the trainer's floor (1% of the host), not
-    at their own default (2% of a large host, above the floor: on the full-size 4-GPU run's host that refused every
-    output over 256 MiB while the host still had room); an explicit eval.host_memory_reserve_gib is kept, and
+    """train.evaluator_config: cuda_eval's output buffers stop one build and 1 GiB above the trainer's floor (1% of
+    the host), not at their own default (2% of a large host); an explicit eval.host_memory_reserve_gib is kept, and
     without a floor the evaluator's default stands."""
     import types
 
@@ -207,7 +206,9 @@ def test_the_evaluator_leaves_the_host_down_to_the_trainers_floor_plus_a_margin(
     from kevin_jax.placement import GpuConfig
     monkeypatch.setattr(host_memory, "host_memory_total", lambda: 503 << 30)
     spec = types.SimpleNamespace(gpu=GpuConfig(host_memory_floor=0.01), eval=EvalConfig())
-    assert train.evaluator_config(spec).host_memory_reserve_gib == pytest.approx(5.03 + 1.0)
+    assert train.evaluator_config(spec).host_memory_reserve_gib == pytest.approx(5.03 + 4.3 + 1.0)
+    spec.eval = EvalConfig(compile_parallel_phases=False)          # a build with its phases in turn: 2.1 GiB
+    assert train.evaluator_config(spec).host_memory_reserve_gib == pytest.approx(5.03 + 2.1 + 1.0)
     spec.eval = EvalConfig(host_memory_reserve_gib=12.0)
     assert train.evaluator_config(spec).host_memory_reserve_gib == 12.0
     spec = types.SimpleNamespace(gpu=GpuConfig(host_memory_floor=0.0), eval=EvalConfig())
