@@ -40,8 +40,11 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
+
+import psutil
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -124,15 +127,11 @@ class TreeMemory:
     kernel cannot reclaim; a precompiled header mapped by a compiler is page cache, counted in `peak` only)."""
 
     def __init__(self, period_s: float = 0.05):
-        import threading
-
-        import psutil
         self._me, self.period_s, self.peak, self.peak_anon = psutil.Process(), period_s, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def now(self) -> tuple[int, int]:
-        import psutil
         rss = anon = 0
         for child in self._me.children(recursive=True):
             try:

@@ -168,6 +168,11 @@ COMPILE_JOB_SEQUENTIAL_GIB = 2.1  # ... with the .cu's chains one after the othe
 HOST_KERNEL_FRACTION = 0.02       # the kernel's own: page tables of the pinned pools, slabs, a working set of cache
 
 
+def build_gib_of(eval_config: Any) -> float:
+    """Host memory one build of the evaluator holds at its peak, by how it runs its phases."""
+    return COMPILE_JOB_GIB if eval_config.compile_parallel_phases else COMPILE_JOB_SEQUENTIAL_GIB
+
+
 @dataclasses.dataclass(frozen=True)
 class EvaluatorFootprint:
     """The evaluator's processes beside the trainer: judges (one per GPU it runs kernels on), spare workers per
@@ -182,7 +187,7 @@ class EvaluatorFootprint:
         """From the eval config section (cuda_eval.api's defaults for the zeros)."""
         from cuda_eval.api import compile_workers, spare_workers     # no torch, no jax
         builds = compile_workers(eval_config)
-        build_gib = COMPILE_JOB_GIB if eval_config.compile_parallel_phases else COMPILE_JOB_SEQUENTIAL_GIB
+        build_gib = build_gib_of(eval_config)
         if eval_config.mode == "compile_only" or num_gpus == 0:
             return cls(0, 0, builds, build_gib)
         if eval_config.device_type == "cpu":      # CPU-mode slots, each with a judge and spares like a GPU's

@@ -51,8 +51,7 @@ from kevin_jax import host_memory, logs, multihost, parallel
 from kevin_jax.env.episode import EpisodeRunner, resolve_gpu_name
 from kevin_jax.env.submissions import share_gpus_with_evaluator
 from kevin_jax.env.trajectory import Trajectory, step_path, write_trajectories
-from kevin_jax.placement import (COMPILE_JOB_GIB, COMPILE_JOB_SEQUENTIAL_GIB, require_gpu_for_kernels,
-                                 shared_gpus)
+from kevin_jax.placement import build_gib_of, require_gpu_for_kernels, shared_gpus
 from kevin_jax.policy_init import abstract_state, architecture, check_vocabulary, run_tokenizer, starting_params
 from kevin_jax.rl import advantages, rollout_stats, speed_metrics
 from kevin_jax.rl import batch as rl_batch
@@ -87,8 +86,7 @@ def evaluator_config(spec: RunSpec):
     floor = host_memory.floor_bytes(spec.gpu.host_memory_floor)
     if spec.eval.host_memory_reserve_gib or not floor:
         return spec.eval
-    build = COMPILE_JOB_GIB if spec.eval.compile_parallel_phases else COMPILE_JOB_SEQUENTIAL_GIB
-    return dataclasses.replace(spec.eval, host_memory_reserve_gib=floor / 2**30 + build + 1.0)
+    return dataclasses.replace(spec.eval, host_memory_reserve_gib=floor / 2**30 + build_gib_of(spec.eval) + 1.0)
 
 
 def _phase_times(result) -> dict[str, float]:
