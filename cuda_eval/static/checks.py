@@ -156,13 +156,22 @@ _INTROSPECTION = ("sys._getframe", "sys._current_frames", "sys.setprofile", "sys
                   "builtins.compile", "vars", "globals", "builtins.vars", "builtins.globals")
 _FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame", "cr_frame",
                                "ag_frame", "__globals__", "__closure__"})
+# The interpreter's hooks and frames by their own names, whatever object they are reached on (`x.sys.setprofile`,
+# `getattr(m, "settrace")`): no kernel needs them, and a forger needs only one.
+_HOOK_ATTRIBUTES = frozenset({"setprofile", "getprofile", "settrace", "gettrace", "_getframe", "_current_frames",
+                              "setprofile_all_threads", "settrace_all_threads"})
 # Modules whose members a getattr with a name these rules cannot compute may reach.
 _SENSITIVE_ROOTS = ("torch", "sys", "builtins", "cuda_eval", "importlib", "gc", "inspect", "threading", "time",
                     "traceback")
 _CPP_HARNESS_PATTERN = re.compile(
     r"ExcludeDispatchKeyGuard|IncludeDispatchKeyGuard|tls_set_dispatch_key|tls_local_dispatch_key|"
     r"DispatchKey::Python|PythonDispatch|TorchDispatchMode|DisableTorchDispatch|PythonTLSSnapshot|"
-    r"\bcupti|\bCUpti|\bCUPTI|kineto|Kineto|RecordFunction|torch::profiler|autograd::profiler|cuda_eval")
+    r"\bcupti|\bCUpti|\bCUPTI|kineto|Kineto|RecordFunction|torch::profiler|autograd::profiler|cuda_eval|"
+    r"PyEval_SetProfile|PyEval_SetTrace|c_profilefunc|c_tracefunc|c_profileobj|c_traceobj")
+# Modules that other modules re-export as attributes (`os.sys`, `torch.sys`, `F.torch`): a path through one of them
+# is the module's own path (`os.sys.setprofile` is `sys.setprofile`), so no rule is dodged by a detour.
+_REEXPORTED_MODULES = frozenset({"sys", "os", "builtins", "importlib", "gc", "inspect", "threading", "traceback",
+                                 "ctypes", "subprocess", "_thread", "multiprocessing", "torch", "cuda_eval"})
 RESERVED_KERNEL_NAMES = frozenset({"cuda_eval_gate", "digest_lanes", "digest_tree"})
 _GLOBAL_PATTERN = re.compile(r"\b__global__\b")
 _PASS_WORD = re.compile(r"\bpass\b")
@@ -408,6 +417,8 @@ class _Checker:
                 reason = next((r for r in (_harness_reason(m) for m in mods) if r), None)
             elif isinstance(node, ast.Attribute) and node.attr in _FRAME_ATTRIBUTES:
                 reason = f"reads the interpreter's frames or function internals (.{node.attr})"
+            elif isinstance(node, ast.Attribute) and node.attr in _HOOK_ATTRIBUTES:
+                reason = f"reaches the interpreter's profile hooks or frames (.{node.attr})"
             elif isinstance(node, (ast.Attribute, ast.Name, ast.Subscript, ast.Call)):
                 path = self._resolve(node)
                 reason = _harness_reason(path) if path else None
@@ -434,6 +445,8 @@ class _Checker:
         func = self._resolve(node.func)
         if func not in ("getattr", "builtins.getattr") or len(node.args) < 2:
             return None
+        if self._const_str(node.args[1]) in _HOOK_ATTRIBUTES:
+            return f"reaches the interpreter's profile hooks or frames (getattr {self._const_str(node.args[1])!r})"
         owner = self._resolve(node.args[0])
         if owner and owner.split(".")[0] in _SENSITIVE_ROOTS and self._const_str(node.args[1]) is None:
             return f"looks up a computed name on {owner} (getattr)"
@@ -571,7 +584,7 @@ class _Checker:
             base = self._subscript_path(self._resolve(expr.value, depth + 1), expr.slice, depth)
         if base is None:
             return None
-        return ".".join([base] + parts[::-1])
+        return _through_reexports(".".join([base] + parts[::-1]))
 
     def _subscript_path(self, container: str | None, key: ast.expr, depth: int) -> str | None:
         """sys.modules[k] -> k; vars(x)[k], x.__dict__[k] -> x.k."""
@@ -633,7 +646,8 @@ class _Checker:
                         changed = True
                 if name not in self.bindings and name not in self.aliases:
                     path = self._resolve(value)
-                    if path is not None and path != name and "." in path or path in _HARNESS_MODULES:
+                    if path is not None and path != name and "." in path or path in _HARNESS_MODULES or \
+                            path in _REEXPORTED_MODULES:  # `_s = os.sys`, `_t = torch`: a module by another name
                         self.bindings[name] = path
                         changed = True
             if not changed:
@@ -642,6 +656,16 @@ class _Checker:
     def _is_torch_path(self, node: ast.Attribute) -> bool:
         path = self._resolve(node)
         return bool(path) and path.startswith("torch.")
+
+
+def _through_reexports(path: str) -> str:
+    """The path without its detour through a module that re-exports another (`os.sys.modules` -> `sys.modules`,
+    `F.torch.relu` -> `torch.relu`); the rightmost such module counts. `time.time` is no detour (same name twice)."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i] in _REEXPORTED_MODULES and parts[i] != parts[i - 1]:
+            return ".".join(parts[i:])
+    return path
 
 
 def _harness_reason(path: str) -> str | None:

@@ -40,6 +40,13 @@ _Tensor = torch.Tensor
 _dispatch_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _PYTHON_KEY = torch._C.DispatchKey.Python
+_getprofile = sys.getprofile
+_setprofile = sys.setprofile
+# The builtins that replace or remove a profile hook: a call of one inside the forward switches the tracer off,
+# whatever name the program reached it by (the hook sees the function object itself).
+_HOOK_SWITCHES = (sys.setprofile, sys.settrace)
+_HOOK_SWITCH_IDS = frozenset(id(f) for f in _HOOK_SWITCHES)
+_THIS_FILE = __file__
 # Python files of torch's compute wrappers (F.relu calls torch.relu from there): torch builtins called from these or
 # from the candidate's own code are the candidate's calls; torch's other internals are not watched.
 _TORCH_CALLERS = frozenset(os.path.join(os.path.dirname(torch.__file__), *parts) for parts in (
@@ -51,7 +58,7 @@ class ForwardTrace:
     extension side), calls into the candidate's extension functions, the reference task's code running, torch
     functions and tensor methods called from Python (seen by the profile hook, whatever the dispatch mode sees: a
     `torch._C._DisableTorchDispatch` blinds the mode, not this), and the op tracer found switched off inside the
-    call (Python dispatch excluded, or our mode popped off the stack)."""
+    call (Python dispatch excluded, our mode popped off the stack, or the profile hook itself replaced)."""
 
     def __init__(self, extension_functions: Iterable[Any]):
         self._ext_ids = {id(f) for f in extension_functions}
@@ -67,10 +74,13 @@ class ForwardTrace:
         self.tracer_off: set[str] = set()
         self.recorder = OpRecorder(lambda: self._depth > 0)
         self._previous_profiler = None
+        self._hook = self._profile  # one bound method: the one set, and the one looked for after the call
 
     def _profile(self, frame, event, arg):
         if event == "c_call":
-            if id(arg) in self._ext_ids:
+            if id(arg) in _HOOK_SWITCH_IDS and frame.f_code.co_filename != _THIS_FILE:  # not our own __exit__
+                self.tracer_off.add(f"sys.{getattr(arg, '__name__', '?')} was called inside the forward")
+            elif id(arg) in self._ext_ids:
                 self._depth += 1
                 self.extension_calls += 1
             elif self._depth == 0 and not self.recorder.handling and (
@@ -99,15 +109,17 @@ class ForwardTrace:
             self.tracer_off.add(f"no dispatch mode on the stack when {name} was called")
 
     def __enter__(self):
-        self._previous_profiler = sys.getprofile()
+        self._previous_profiler = _getprofile()
         self._calls_at_enter = self.extension_calls
         self._custom_at_enter = self.custom_op_calls()
         self.recorder.__enter__()
-        sys.setprofile(self._profile)
+        _setprofile(self._hook)
         return self
 
     def __exit__(self, *exc):
-        sys.setprofile(self._previous_profiler)
+        if _getprofile() is not self._hook:  # removed or replaced from native code (a Python call is seen above)
+            self.tracer_off.add("the profile hook was replaced or removed during the call")
+        _setprofile(self._previous_profiler)
         self.recorder.__exit__(*exc)
         self.calls += 1
         if self.extension_calls == self._calls_at_enter and self.custom_op_calls() == self._custom_at_enter:

@@ -254,6 +254,16 @@ def test_python_os_use_that_is_not_an_escape():
     ("", "def f():\n    pass\nreturn f.__globals__['ext'].relu(x)"),
     ("import gc", "objs = gc.get_objects()\nreturn ext.relu(x)"),
     ("", 'exec("y = 1")\nreturn ext.relu(x)'),
+    # the same modules re-exported by others (os.sys, torch.sys, F.torch) or bound to another name
+    ("import os", "os.sys.setprofile(None)\nreturn ext.relu(x)"),
+    ("import os\n_s = os.sys", "_s.setprofile(None)\nreturn ext.relu(x)"),
+    ('import os\n_C = os.sys.modules["torch._C"]', "with _C._DisableTorchDispatch():\n    return ext.relu(x)"),
+    ("import torch.nn.functional as F", "with F.torch._C._DisableTorchDispatch():\n    return ext.relu(x)"),
+    ("_t = torch", "with _t._C._DisableTorchDispatch():\n    return ext.relu(x)"),
+    ("", "frame = torch.sys._getframe(1)\nreturn ext.relu(x)"),
+    # the hooks by their own names, on an object no rule resolves
+    ("import os\n_s = [os][0].sys", "_s.settrace(None)\nreturn ext.relu(x)"),
+    ("import os", 'getattr([os][0].sys, "set" + "profile")(None)\nreturn ext.relu(x)'),
 ])
 def test_harness_access_is_followed_through_aliases_and_getattr(extra, forward):
     assert "harness_access" in codes(program(forward, extra=extra))
@@ -267,6 +277,10 @@ def test_harness_access_in_cpp_and_kernel_names():
     assert "harness_access" in codes(guarded)
     gate_named = program("return ext.relu(x)").replace("relu_kernel(", "cuda_eval_gate(")
     assert "harness_access" in codes(gate_named)
+    unhooked = program("return ext.relu(x)").replace(
+        "torch::Tensor relu(torch::Tensor x) { return x; }",
+        "torch::Tensor relu(torch::Tensor x) { PyEval_SetProfile(nullptr, nullptr); return x; }")
+    assert "harness_access" in codes(unhooked)
 
 
 def test_harness_access_rule_is_quiet_on_honest_idioms():
@@ -275,6 +289,13 @@ def test_harness_access_rule_is_quiet_on_honest_idioms():
                      init="self.n = 4")
     assert codes(honest) == set()
     assert "harness_access" not in codes(program("return ext.relu(x)"), StaticPolicy.named("off"))
+    # a module's own function named like a module is no detour; os.path is not sys
+    plain = program("return ext.relu(x)", extra="import time\nimport os\nT0 = time.time()\n"
+                                                "P = os.path.join('a', 'b')\n_o = os\nN = _o.cpu_count()\n")
+    assert codes(plain) == set()
+    assert checks._through_reexports("os.sys.setprofile") == "sys.setprofile"
+    assert checks._through_reexports("time.time") == "time.time"
+    assert checks._through_reexports("torch.nn.functional.torch.relu") == "torch.relu"
 
 
 def test_monkeypatch_follows_plain_aliases():

@@ -195,6 +195,26 @@ def _concluded(groups, reps, traced=False, device_type="cuda"):
     return job
 
 
+def test_a_revealed_output_must_be_the_one_committed_when_the_call_ran():
+    """The judge picks which call's output to see after every call of the group has committed to its output by
+    digest: an output sent that differs from its digest (rewritten after the call, or computed only when asked) is
+    flagged uncommitted_output; the committed one passes."""
+    job = _job("cpu")
+    job.device.kernels = device_kernels.Kernels("cpu")
+    job.digest_key = 1234
+    outs = [torch.randn(8, 8) for _ in range(3)]
+    group = {"digests": job.device.kernels.digests(outs, job.digest_key)}
+    sent = {}
+    job._ask_output = lambda op, **fields: ({"op": op, "j": fields["j"]}, [])
+    job.receive_output = lambda reply, blobs: sent[reply["j"]]
+    sent.update({0: outs[0], 1: outs[2], 2: outs[2]})   # call 1's buffer holds what the last call wrote
+    assert torch.equal(job._reveal(group, 0), outs[0]) and job.flags == []
+    job._reveal(group, 2)
+    assert job.flags == []
+    job._reveal(group, 1)
+    assert [f["code"] for f in job.flags] == ["uncommitted_output"]
+
+
 def test_the_reward_time_is_what_the_judges_clock_proves():
     from cuda_eval.judge import job as judge
     allowance = judge.GROUP_JITTER_S["cuda"]

@@ -60,6 +60,8 @@ def test_cpu_verdict_details(cpu_results):
     shape = cpu_results["wrong_shape"].trials[-1]["message"]
     assert "shape mismatch: expected [128, 512], got [65536]" in shape
     assert "expected Tensor[128,512] float32, got list(" in cpu_results["wrong_type"].trials[-1]["message"]
+    unhooked = cpu_results["profile_hook_off"].hack_flags   # no static rule sees it: the worker's hook must
+    assert [f["code"] for f in unhooked] == ["harness_access"] and "sys.setprofile" in unhooked[0]["reason"]
     raises = cpu_results["raises"].runtime_error
     assert "ValueError: no" in raises and "<candidate>" in raises
     assert "SIGSEGV while checking correctness (trial 1)" in cpu_results["segfault"].runtime_error

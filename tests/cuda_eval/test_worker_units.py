@@ -1,5 +1,7 @@
 """In-process units of the worker (CPU torch): output comparison, memory checks, tracing, snapshots, timing."""
 import itertools
+import math
+import sys
 import threading
 import time
 
@@ -85,6 +87,56 @@ def test_forward_trace_sees_task_code():
     with dynamic_checks.ForwardTrace([]) as trace:
         namespace["forward"](torch.ones(2))
     assert trace.task_code_calls == {"forward"}
+
+
+def _candidate_forward(src: str):
+    """`forward` of a candidate-like source compiled under the candidate's file name (as the worker loads it)."""
+    namespace = {}
+    exec(compile(src, harness.CANDIDATE_FILENAME, "exec"), namespace)
+    return namespace["forward"]
+
+
+def test_forward_trace_sees_its_profile_hook_switched_off():
+    """The hook that sees torch calls made from Python (and the tracer's state at each) can be removed from inside
+    the call: through any alias (a call of sys.setprofile itself is seen), or from native code, and put back before
+    the call returns (the hook is found missing or replaced at the end of the call)."""
+    ext = math.fabs  # stands in for an extension function
+    detour = _candidate_forward(
+        "import os, math\n"
+        "def forward(x):\n"
+        "    math.fabs(1.0)\n"
+        "    hook = os.sys.getprofile()\n"
+        "    os.sys.setprofile(None)\n"
+        "    y = os.sys.modules['torch'].relu(x)\n"
+        "    os.sys.setprofile(hook)\n"
+        "    return y\n")
+    trace = dynamic_checks.ForwardTrace([ext])
+    x = torch.randn(16)
+    with trace:
+        y = detour(x)
+    assert torch.equal(y, torch.relu(x))
+    assert any("sys.setprofile was called" in r for r in trace.tracer_off), trace.tracer_off
+
+    native = _candidate_forward(
+        "import ctypes, math, torch\n"
+        "_set = ctypes.pythonapi.PyEval_SetProfile\n"
+        "_set.argtypes, _set.restype = [ctypes.c_void_p, ctypes.c_void_p], None\n"
+        "def forward(x):\n"
+        "    math.fabs(1.0)\n"
+        "    _set(None, None)\n"
+        "    return torch.relu(x)\n")
+    trace = dynamic_checks.ForwardTrace([ext])
+    with trace:
+        native(x)
+    assert trace.tracer_off == {"the profile hook was replaced or removed during the call"}
+    assert sys.getprofile() is None  # the previous hook (none here) is back
+
+    honest = _candidate_forward("import math\ndef forward(x):\n    math.fabs(1.0)\n    return x * 1\n")
+    trace = dynamic_checks.ForwardTrace([ext])
+    for _ in range(2):
+        with trace:
+            honest(x)
+    assert trace.tracer_off == set() and trace.calls == 2
 
 
 def test_reference_ops_and_heavy_ops():
