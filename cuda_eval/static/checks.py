@@ -153,13 +153,15 @@ _INTROSPECTION = ("sys._getframe", "sys._current_frames", "sys.setprofile", "sys
                   "gc.get_objects", "gc.get_referrers", "gc.get_referents", "inspect", "traceback.extract_stack",
                   "traceback.walk_stack", "traceback.format_stack", "traceback.print_stack", "builtins.__import__",
                   "__import__", "importlib", "exec", "eval", "compile", "builtins.exec", "builtins.eval",
-                  "builtins.compile", "vars", "globals", "builtins.vars", "builtins.globals")
+                  "builtins.compile", "vars", "globals", "builtins.vars", "builtins.globals", "sys.__dict__",
+                  "cProfile", "_lsprof")
 _FRAME_ATTRIBUTES = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame", "cr_frame",
-                               "ag_frame", "__globals__", "__closure__"})
+                               "ag_frame", "__globals__", "__closure__", "__code__"})
 # The interpreter's hooks and frames by their own names, whatever object they are reached on (`x.sys.setprofile`,
 # `getattr(m, "settrace")`): no kernel needs them, and a forger needs only one.
 _HOOK_ATTRIBUTES = frozenset({"setprofile", "getprofile", "settrace", "gettrace", "_getframe", "_current_frames",
-                              "setprofile_all_threads", "settrace_all_threads"})
+                              "setprofile_all_threads", "settrace_all_threads", "_setprofileallthreads",
+                              "_settraceallthreads"})
 # Modules whose members a getattr with a name these rules cannot compute may reach.
 _SENSITIVE_ROOTS = ("torch", "sys", "builtins", "cuda_eval", "importlib", "gc", "inspect", "threading", "time",
                     "traceback")
@@ -427,6 +429,11 @@ class _Checker:
             if reason:
                 self.flag("harness_access", f"line {getattr(node, 'lineno', '?')} {reason}")
                 return
+        named = sorted((set(self.strings) | set(self.string_bindings.values())) &
+                       (_HOOK_ATTRIBUTES | _FRAME_ATTRIBUTES))
+        if named:  # `attrgetter("setprofile")`, `vars(sys)["settrace"]`: the name alone, however it is used
+            self.flag("harness_access", f"names one of the interpreter's hooks or frame internals ({named[0]!r})")
+            return
         for s in self.strings:
             if "cuda_eval" in s and not _GLOBAL_PATTERN.search(s):
                 self.flag("harness_access", "a string of the program names the evaluator's modules (cuda_eval)")
@@ -569,8 +576,12 @@ class _Checker:
             parts.append(expr.attr)
             expr = expr.value
         base = None
+        # Only a path that starts at a module (an import, a name bound to one, a module lookup) may be a detour
+        # through a re-exported module: `self.gc.weight` is an attribute of an object, not the gc module.
+        from_module = True
         if isinstance(expr, ast.Name):
             base = self.aliases.get(expr.id) or self.bindings.get(expr.id) or expr.id
+            from_module = expr.id in self.aliases or expr.id in self.bindings
         elif isinstance(expr, ast.Call):
             func = self._resolve(expr.func, depth + 1)
             if func in ("getattr", "builtins.getattr") and len(expr.args) >= 2:
@@ -584,7 +595,8 @@ class _Checker:
             base = self._subscript_path(self._resolve(expr.value, depth + 1), expr.slice, depth)
         if base is None:
             return None
-        return _through_reexports(".".join([base] + parts[::-1]))
+        path = ".".join([base] + parts[::-1])
+        return _through_reexports(path) if from_module else path
 
     def _subscript_path(self, container: str | None, key: ast.expr, depth: int) -> str | None:
         """sys.modules[k] -> k; vars(x)[k], x.__dict__[k] -> x.k."""

@@ -42,11 +42,56 @@ _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _PYTHON_KEY = torch._C.DispatchKey.Python
 _getprofile = sys.getprofile
 _setprofile = sys.setprofile
-# The builtins that replace or remove a profile hook: a call of one inside the forward switches the tracer off,
-# whatever name the program reached it by (the hook sees the function object itself).
-_HOOK_SWITCHES = (sys.setprofile, sys.settrace)
-_HOOK_SWITCH_IDS = frozenset(id(f) for f in _HOOK_SWITCHES)
-_THIS_FILE = __file__
+_gettrace = sys.gettrace
+_get_ident = threading.get_ident
+# The interpreter's functions that read, replace or remove a profile or trace hook (3.12 adds the all-threads ones).
+_HOOK_NAMES = ("setprofile", "settrace", "getprofile", "gettrace", "_setprofileallthreads", "_settraceallthreads")
+_HOOK_FUNCTIONS = {n: getattr(sys, n) for n in _HOOK_NAMES if hasattr(sys, n)}
+# A call of one of these builtins while the hook is set is seen by the hook itself (its c_call event names the
+# function object, whatever name reached it); calls made from C (functools.partial, map) raise no event: for those,
+# the sys module's names are guarded (install_hook_guards).
+_HOOK_SWITCH_IDS = frozenset(id(f) for f in _HOOK_FUNCTIONS.values())
+_ACTIVE: list = [None]   # the ForwardTrace whose hook is set now (one at a time, on one thread)
+
+
+def _guarded(name: str, original):
+    def guarded(*args, **kwargs):
+        trace = _ACTIVE[0]
+        if trace is not None and _get_ident() == trace.thread:
+            trace.tracer_off.add(f"sys.{name} was called inside the forward")
+            if name.startswith(("set", "_set")):
+                return None   # the hook stays
+        return original(*args, **kwargs)
+    guarded.__name__ = guarded.__qualname__ = name
+    return guarded
+
+
+_GUARDS: dict = {}
+_GUARDED = [False]
+
+
+def install_hook_guards() -> None:
+    """Replace sys's hook functions with guards, before any candidate code runs in this process: inside a traced
+    call, reading or switching the profile or trace hook through them is `tracer_off` and leaves our hook in place,
+    however they are called (directly, from C through functools.partial or map, or by a module that wraps them:
+    profile, threading.setprofile_all_threads). The originals stay reachable only through objects a candidate has
+    to dig for."""
+    for name, original in _HOOK_FUNCTIONS.items():
+        if name not in _GUARDS:
+            _GUARDS[name] = _guarded(name, original)
+        setattr(sys, name, _GUARDS[name])
+    _GUARDED[0] = True
+
+
+def remove_hook_guards() -> None:
+    """sys's own functions back (for tests that run in a process of their own choosing)."""
+    for name, original in _HOOK_FUNCTIONS.items():
+        setattr(sys, name, original)
+    _GUARDED[0] = False
+
+
+def _guards_moved() -> list[str]:
+    return [n for n, g in _GUARDS.items() if getattr(sys, n, None) is not g] if _GUARDED[0] else []
 # Python files of torch's compute wrappers (F.relu calls torch.relu from there): torch builtins called from these or
 # from the candidate's own code are the candidate's calls; torch's other internals are not watched.
 _TORCH_CALLERS = frozenset(os.path.join(os.path.dirname(torch.__file__), *parts) for parts in (
@@ -61,6 +106,7 @@ class ForwardTrace:
     call (Python dispatch excluded, our mode popped off the stack, or the profile hook itself replaced)."""
 
     def __init__(self, extension_functions: Iterable[Any]):
+        self.thread = _get_ident()
         self._ext_ids = {id(f) for f in extension_functions}
         self._keep = list(extension_functions)  # keep the ids valid
         self._depth = 0
@@ -77,28 +123,37 @@ class ForwardTrace:
         self._hook = self._profile  # one bound method: the one set, and the one looked for after the call
 
     def _profile(self, frame, event, arg):
-        if event == "c_call":
-            if id(arg) in _HOOK_SWITCH_IDS and frame.f_code.co_filename != _THIS_FILE:  # not our own __exit__
-                self.tracer_off.add(f"sys.{getattr(arg, '__name__', '?')} was called inside the forward")
-            elif id(arg) in self._ext_ids:
-                self._depth += 1
-                self.extension_calls += 1
-            elif self._depth == 0 and not self.recorder.handling and (
-                    frame.f_code.co_filename == CANDIDATE_FILENAME or frame.f_code.co_filename in _TORCH_CALLERS):
-                self._torch_call(arg)
-        elif event in ("c_return", "c_exception") and id(arg) in self._ext_ids:
-            self._depth = max(0, self._depth - 1)
-        elif event == "call" and frame.f_code.co_filename == TASK_FILENAME:
-            self.task_code_calls.add(frame.f_code.co_name)
+        # Nothing here may run the candidate's code or raise: an exception in a profile hook removes it (CPython),
+        # and code run inside the hook raises no events.
+        try:
+            if event == "c_call":
+                if id(arg) in _HOOK_SWITCH_IDS and frame.f_code is not _EXIT_CODE:  # our own __exit__ resets it
+                    self.tracer_off.add(f"sys.{getattr(arg, '__name__', '?')} was called inside the forward")
+                elif id(arg) in self._ext_ids:
+                    self._depth += 1
+                    self.extension_calls += 1
+                elif self._depth == 0 and not self.recorder.handling and (
+                        frame.f_code.co_filename == CANDIDATE_FILENAME or frame.f_code.co_filename in _TORCH_CALLERS):
+                    self._torch_call(arg)
+            elif event in ("c_return", "c_exception") and id(arg) in self._ext_ids:
+                self._depth = max(0, self._depth - 1)
+            elif event == "call" and frame.f_code.co_filename == TASK_FILENAME:
+                self.task_code_calls.add(frame.f_code.co_name)
+        except BaseException as e:
+            self.tracer_off.add(f"the profile hook failed ({_type(e).__name__})")
 
     def _torch_call(self, fn) -> None:
         """A builtin called from Python outside the extension: torch's own functions and tensor methods are noted,
         with the state of the op tracer at that moment."""
+        # fn is a builtin (the c_call event's): its attributes are the interpreter's, never the candidate's code;
+        # its __self__ may be any object, so only its real type is asked (no __class__ or __name__ of its own).
         owner = getattr(fn, "__self__", None)
-        if isinstance(owner, torch.Tensor):
+        if issubclass(_type(owner), _Tensor):
             name = f"Tensor.{getattr(fn, '__name__', '?')}"
         else:
-            module = getattr(fn, "__module__", None) or getattr(owner, "__name__", None) or ""
+            module = getattr(fn, "__module__", None)
+            if not module and _type(owner) is types.ModuleType:
+                module = owner.__dict__.get("__name__")   # the module's own dict: no module __getattr__
             if not isinstance(module, str) or not (module == "torch" or module.startswith("torch.")):
                 return
             name = f"{module}.{getattr(fn, '__name__', '?')}"
@@ -113,12 +168,19 @@ class ForwardTrace:
         self._calls_at_enter = self.extension_calls
         self._custom_at_enter = self.custom_op_calls()
         self.recorder.__enter__()
+        if _gettrace() is not None:  # a trace function runs code the profile hook cannot see (no events inside it)
+            self.tracer_off.add("a trace function (sys.settrace) was set when the call began")
         _setprofile(self._hook)
+        _ACTIVE[0] = self
         return self
 
     def __exit__(self, *exc):
+        _ACTIVE[0] = None
         if _getprofile() is not self._hook:  # removed or replaced from native code (a Python call is seen above)
             self.tracer_off.add("the profile hook was replaced or removed during the call")
+        moved = _guards_moved()   # put back to the originals, or replaced by the candidate's, at any time
+        if moved:
+            self.tracer_off.add(f"sys.{moved[0]} was replaced during the call")
         _setprofile(self._previous_profiler)
         self.recorder.__exit__(*exc)
         self.calls += 1
@@ -148,6 +210,9 @@ class ForwardTrace:
 
     def host_transfers(self) -> int:
         return sum(r.host_transfer for r in self.recorder.records)
+
+
+_EXIT_CODE = ForwardTrace.__exit__.__code__
 
 
 def extension_functions(so_paths: Iterable[str]) -> list[Any]:
@@ -367,7 +432,7 @@ class ThreadWatch:
         threading.setprofile(self._on_thread_start)
 
     def _on_thread_start(self, frame, event, arg):
-        sys.setprofile(None)  # once per thread: no overhead afterwards
+        _setprofile(None)  # once per thread: no overhead afterwards (the original: seen if a forward calls this)
         self.started.append(threading.current_thread().name)
 
     def stop_recording(self) -> None:
@@ -445,6 +510,7 @@ class StartUp:
     earlier candidates. harness.Device calls these where it warms up the host and the device."""
 
     def host(self) -> None:
+        install_hook_guards()
         with ForwardTrace([]):
             torch.relu(torch.ones(8))
         importlib.import_module("torch.profiler")  # imported now, activated only for the kernel trace

@@ -264,6 +264,11 @@ def test_python_os_use_that_is_not_an_escape():
     # the hooks by their own names, on an object no rule resolves
     ("import os\n_s = [os][0].sys", "_s.settrace(None)\nreturn ext.relu(x)"),
     ("import os", 'getattr([os][0].sys, "set" + "profile")(None)\nreturn ext.relu(x)'),
+    ("import operator\nimport os", 'operator.attrgetter("setprofile")(os.sys)(None)\nreturn ext.relu(x)'),
+    ("import os", "d = dict(os.sys.__dict__)\nreturn ext.relu(x)"),
+    ("import cProfile", "return ext.relu(x)"),
+    ("", "def f():\n    pass\nc = f.__code__\nreturn ext.relu(x)"),
+    ("import sys", "sys._setprofileallthreads(None)\nreturn ext.relu(x)"),
 ])
 def test_harness_access_is_followed_through_aliases_and_getattr(extra, forward):
     assert "harness_access" in codes(program(forward, extra=extra))
@@ -293,6 +298,10 @@ def test_harness_access_rule_is_quiet_on_honest_idioms():
     plain = program("return ext.relu(x)", extra="import time\nimport os\nT0 = time.time()\n"
                                                 "P = os.path.join('a', 'b')\n_o = os\nN = _o.cpu_count()\n")
     assert codes(plain) == set()
+    # attributes of objects named like modules are the objects' own, not the modules
+    own = program("return ext.relu(x)", init="self.inspect = True\nself.gc = nn.Linear(2, 2)\n"
+                                             "self.gc.weight.requires_grad = False\nself.torch = 1")
+    assert codes(own) == set()
     assert checks._through_reexports("os.sys.setprofile") == "sys.setprofile"
     assert checks._through_reexports("time.time") == "time.time"
     assert checks._through_reexports("torch.nn.functional.torch.relu") == "torch.relu"

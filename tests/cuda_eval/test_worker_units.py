@@ -139,6 +139,54 @@ def test_forward_trace_sees_its_profile_hook_switched_off():
     assert trace.tracer_off == set() and trace.calls == 2
 
 
+@pytest.fixture
+def hook_guards():
+    """sys's hook functions guarded as in the worker, and given back after the test."""
+    dynamic_checks.install_hook_guards()
+    yield
+    dynamic_checks.remove_hook_guards()
+
+
+@pytest.mark.parametrize("body", [
+    # called from C (no c_call event), then the hook put back
+    "h = sys.getprofile()\nfunctools.partial(sys.setprofile, None)()\ny = torch.relu(x)\nsys.setprofile.__call__(h)",
+    "h = sys.getprofile()\nlist(map(sys.setprofile, [None]))\ny = torch.relu(x)\nlist(map(sys.setprofile, [h]))",
+    # an exception raised inside the hook (CPython removes a hook that raises)
+    "class L(list):\n    @property\n    def __class__(self):\n        raise ValueError\n"
+    "with contextlib.suppress(ValueError):\n    L().append(1)\ny = torch.relu(x)",
+    # the worker's own thread hook, which switches the profile hook off in new threads, called on this one
+    "WATCH._on_thread_start(None, None, None)\ny = torch.relu(x)",
+])
+def test_forward_trace_cannot_be_blinded_from_python(hook_guards, body):
+    """Pure-Python ways around the profile hook that a policy could find (each left the call unseen before)."""
+    src = ("import contextlib, functools, math, sys, torch\n"
+           "def forward(x):\n    math.fabs(1.0)\n" + "".join(f"    {line}\n" for line in body.splitlines()) +
+           "    return y\n")
+    namespace = {"WATCH": dynamic_checks.ThreadWatch()}
+    exec(compile(src, harness.CANDIDATE_FILENAME, "exec"), namespace)
+    trace = dynamic_checks.ForwardTrace([math.fabs])
+    x = torch.randn(16)
+    try:
+        with trace:
+            y = namespace["forward"](x)
+    finally:
+        namespace["WATCH"].stop_recording()
+    assert torch.equal(y, torch.relu(x))
+    assert trace.tracer_off or "torch.relu" in trace.python_torch_calls, (trace.tracer_off, trace.python_torch_calls)
+
+
+def test_a_trace_function_set_before_the_call_is_seen():
+    trace = dynamic_checks.ForwardTrace([])
+    previous = sys.gettrace()
+    sys.settrace(lambda *a: None)
+    try:
+        with trace:
+            torch.ones(2) * 2
+    finally:
+        sys.settrace(previous)
+    assert trace.tracer_off == {"a trace function (sys.settrace) was set when the call began"}
+
+
 def test_reference_ops_and_heavy_ops():
     a = torch.randn(4, 4)
     assert tracing.reference_compute_ops(lambda: torch.relu(a @ a)) == ["mm", "relu"]

@@ -1,9 +1,10 @@
 # task: cpu_relu
 # verdict: correct
-# expect: harness_access
-# about: one no-op extension call, then the worker's profile hook removed and torch.relu under
-# about: torch._C._DisableTorchDispatch, every name built at run time (no static rule sees any of it): neither the
-# about: hook nor the op recorder sees the relu; the hook sees sys.setprofile called, whatever its name
+# expect: harness_access,torch_compute_in_forward
+# about: one no-op extension call, then the worker's profile hook read, removed from C (functools.partial: no event
+# about: for the hook), torch.relu under torch._C._DisableTorchDispatch and the hook put back; every name built at
+# about: run time (no static rule sees any of it): only the worker's guards on sys's hook functions see it
+import functools
 import os
 
 import torch
@@ -131,6 +132,7 @@ def _name(*codes):                  # a name built at run time: no static rule c
 
 _sys = getattr([os][0], _name(115, 121, 115))                      # sys
 _unhook = getattr(_sys, _name(115, 101, 116, 112, 114, 111, 102, 105, 108, 101))   # its setprofile
+_peek = getattr(_sys, _name(103, 101, 116, 112, 114, 111, 102, 105, 108, 101))      # its getprofile
 _C = _sys.modules[_name(116, 111, 114, 99, 104, 46, 95, 67)]        # torch._C
 _blind = getattr(_C, _name(95, 68, 105, 115, 97, 98, 108, 101, 84, 111, 114, 99, 104, 68, 105, 115, 112, 97, 116,
                            99, 104))                                # _DisableTorchDispatch
@@ -143,6 +145,9 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         cpu_ext.touch(x)
-        _unhook(None)        # the worker's profile hook: gone for the rest of the call
-        with _blind():       # and the dispatch-mode recorder blinded
-            return _relu(x)
+        hook = _peek()
+        functools.partial(_unhook, None)()   # called from C: no event for the hook to see
+        with _blind():                       # and the dispatch-mode recorder blinded
+            y = _relu(x)
+        _unhook.__call__(hook)               # the hook back before the call returns
+        return y
