@@ -452,10 +452,11 @@ class _Checker:
         func = self._resolve(node.func)
         if func not in ("getattr", "builtins.getattr") or len(node.args) < 2:
             return None
-        if self._const_str(node.args[1]) in _HOOK_ATTRIBUTES:
-            return f"reaches the interpreter's profile hooks or frames (getattr {self._const_str(node.args[1])!r})"
+        name = self._const_str(node.args[1])
+        if name in _HOOK_ATTRIBUTES:
+            return f"reaches the interpreter's profile hooks or frames (getattr {name!r})"
         owner = self._resolve(node.args[0])
-        if owner and owner.split(".")[0] in _SENSITIVE_ROOTS and self._const_str(node.args[1]) is None:
+        if owner and owner.split(".")[0] in _SENSITIVE_ROOTS and name is None:
             return f"looks up a computed name on {owner} (getattr)"
         return None
 

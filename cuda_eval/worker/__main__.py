@@ -172,7 +172,6 @@ class Worker:
         except Exception as e:  # the judge loaded the same source: this cannot be the task's fault
             raise CandidateError(format_exception(e, "loading the task next to the candidate"))
         modules_before = set(sys.modules)
-        dynamic_checks.install_hook_guards()   # before any candidate code (again: start-up did it already)
         self.snapshot = harness_snapshot(self.task)
         self.threads = dynamic_checks.ThreadWatch()
         self._install_prebuilt()

@@ -51,12 +51,13 @@ _HOOK_FUNCTIONS = {n: getattr(sys, n) for n in _HOOK_NAMES if hasattr(sys, n)}
 # function object, whatever name reached it); calls made from C (functools.partial, map) raise no event: for those,
 # the sys module's names are guarded (install_hook_guards).
 _HOOK_SWITCH_IDS = frozenset(id(f) for f in _HOOK_FUNCTIONS.values())
-_ACTIVE: list = [None]   # the ForwardTrace whose hook is set now (one at a time, on one thread)
+_active = None      # the ForwardTrace whose hook is set now (one at a time, on one thread)
+_guarded_now = False  # whether sys's hook functions are the guards (install_hook_guards)
 
 
 def _guarded(name: str, original):
     def guarded(*args, **kwargs):
-        trace = _ACTIVE[0]
+        trace = _active
         if trace is not None and _get_ident() == trace.thread:
             trace.tracer_off.add(f"sys.{name} was called inside the forward")
             if name.startswith(("set", "_set")):
@@ -66,8 +67,7 @@ def _guarded(name: str, original):
     return guarded
 
 
-_GUARDS: dict = {}
-_GUARDED = [False]
+_GUARDS = {name: _guarded(name, original) for name, original in _HOOK_FUNCTIONS.items()}
 
 
 def install_hook_guards() -> None:
@@ -76,22 +76,22 @@ def install_hook_guards() -> None:
     however they are called (directly, from C through functools.partial or map, or by a module that wraps them:
     profile, threading.setprofile_all_threads). The originals stay reachable only through objects a candidate has
     to dig for."""
-    for name, original in _HOOK_FUNCTIONS.items():
-        if name not in _GUARDS:
-            _GUARDS[name] = _guarded(name, original)
-        setattr(sys, name, _GUARDS[name])
-    _GUARDED[0] = True
+    global _guarded_now
+    for name, guard in _GUARDS.items():
+        setattr(sys, name, guard)
+    _guarded_now = True
 
 
 def remove_hook_guards() -> None:
     """sys's own functions back (for tests that run in a process of their own choosing)."""
+    global _guarded_now
     for name, original in _HOOK_FUNCTIONS.items():
         setattr(sys, name, original)
-    _GUARDED[0] = False
+    _guarded_now = False
 
 
 def _guards_moved() -> list[str]:
-    return [n for n, g in _GUARDS.items() if getattr(sys, n, None) is not g] if _GUARDED[0] else []
+    return [n for n, g in _GUARDS.items() if getattr(sys, n, None) is not g] if _guarded_now else []
 # Python files of torch's compute wrappers (F.relu calls torch.relu from there): torch builtins called from these or
 # from the candidate's own code are the candidate's calls; torch's other internals are not watched.
 _TORCH_CALLERS = frozenset(os.path.join(os.path.dirname(torch.__file__), *parts) for parts in (
@@ -170,12 +170,14 @@ class ForwardTrace:
         self.recorder.__enter__()
         if _gettrace() is not None:  # a trace function runs code the profile hook cannot see (no events inside it)
             self.tracer_off.add("a trace function (sys.settrace) was set when the call began")
+        global _active
         _setprofile(self._hook)
-        _ACTIVE[0] = self
+        _active = self
         return self
 
     def __exit__(self, *exc):
-        _ACTIVE[0] = None
+        global _active
+        _active = None
         if _getprofile() is not self._hook:  # removed or replaced from native code (a Python call is seen above)
             self.tracer_off.add("the profile hook was replaced or removed during the call")
         moved = _guards_moved()   # put back to the originals, or replaced by the candidate's, at any time
@@ -510,7 +512,7 @@ class StartUp:
     earlier candidates. harness.Device calls these where it warms up the host and the device."""
 
     def host(self) -> None:
-        install_hook_guards()
+        install_hook_guards()   # once per worker, before any candidate code (one worker per candidate)
         with ForwardTrace([]):
             torch.relu(torch.ones(8))
         importlib.import_module("torch.profiler")  # imported now, activated only for the kernel trace
