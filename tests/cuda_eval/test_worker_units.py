@@ -175,6 +175,18 @@ def test_forward_trace_cannot_be_blinded_from_python(hook_guards, body):
     assert trace.tracer_off or "torch.relu" in trace.python_torch_calls, (trace.tracer_off, trace.python_torch_calls)
 
 
+def test_a_guard_replaced_inside_the_call_is_seen(hook_guards):
+    """A candidate that swaps a guard for sys's original (or anything else) has switched the tracer off."""
+    guard = sys.getprofile
+    trace = dynamic_checks.ForwardTrace([])
+    try:
+        with trace:
+            sys.getprofile = lambda: None
+    finally:
+        sys.getprofile = guard
+    assert trace.tracer_off == {"sys.getprofile was replaced during the call"}
+
+
 def test_a_trace_function_set_before_the_call_is_seen():
     trace = dynamic_checks.ForwardTrace([])
     previous = sys.gettrace()
