@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from demo_curves import run_name       # sibling analysis script (this file's folder is sys.path[0])
-from kevin_jax.env.reward import RewardConfig
+from kevin_jax.reward import RewardConfig
 from kevin_jax.logs import read_scalars
-from kevin_jax.rl.advantages import discounted_returns
+from kevin_jax.reward import discounted_returns
 
 
 def turn_offsets(scalars: dict, gamma: float) -> np.ndarray:

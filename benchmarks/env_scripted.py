@@ -26,7 +26,7 @@ from cuda_eval.api import EvalConfig, Evaluator  # noqa: E402
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner  # noqa: E402
 from kevin_jax.env.policy import Generation  # noqa: E402
 from kevin_jax.model.tokenizer import load_tokenizer  # noqa: E402
-from kevin_jax.env.reward import RewardConfig  # noqa: E402
+from kevin_jax.reward import RewardConfig  # noqa: E402
 from kevin_jax.env.trajectory import Turn, write_trajectories  # noqa: E402
 from kevin_jax.rl.advantages import AdvantageConfig, assign_returns  # noqa: E402
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks  # noqa: E402

@@ -23,7 +23,7 @@ from ml_collections import ConfigDict, config_dict
 from cuda_eval.api import EvalConfig
 from kevin_jax import logs
 from kevin_jax.env.episode import EnvConfig
-from kevin_jax.env.reward import RewardConfig
+from kevin_jax.reward import RewardConfig
 from kevin_jax.model.config import ModelOptions
 from kevin_jax.placement import GpuConfig, ParallelConfig
 from kevin_jax.rl.advantages import AdvantageConfig

@@ -7,7 +7,7 @@ Per step:
   2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode, the round
      loop): the tasks in env.pipeline_groups groups, each round of a group one sampler call with the policy's own
      parameters and one cuda_eval submission, one group's kernels compiled and run while another group samples;
-     each turn scored (kevin_jax.env.reward); discounted returns and per-task advantages come from
+     each turn scored as it is played (kevin_jax.reward); discounted returns and per-task advantages come from
      kevin_jax.rl.advantages;
   3. rl.updates_per_batch optimiser updates on the batch (the first on-policy, the next off-policy with importance
      ratios against the sampler's log-probs), gradients accumulated over micro-batches (kevin_jax.rl.state);
@@ -102,11 +102,11 @@ def _gather_trajectories(local: list[Trajectory]) -> list[Trajectory]:
     return [Trajectory.from_dict(d) for part in parts for d in part]
 
 
-def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int, advantage: advantages.AdvantageConfig,
-                 compile_only_score: float | None) -> tuple[list[Trajectory], dict]:
-    """This host's share of `tasks` rolled out, then everyone's trajectories gathered (same order on every host) and
-    their returns and advantages assigned; with a compile_only_score, from that proxy score of every kernel that
-    compiled (no GPU: nothing ran, so the reward would be 0 everywhere)."""
+def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int,
+                 advantage: advantages.AdvantageConfig) -> tuple[list[Trajectory], dict]:
+    """This host's share of `tasks` rolled out (every turn scored by the runner: with compile-only verdicts, the
+    proxy score of every kernel that compiled), then everyone's trajectories gathered (same order on every host) and
+    their returns and advantages assigned."""
     mine = multihost.host_share(tasks)
     if jax.process_count() > 1:
         log.info("host %d/%d rolls out %d of %d tasks", jax.process_index(), jax.process_count(), len(mine),
@@ -116,10 +116,7 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int, advan
     trajectories = _gather_trajectories(result.trajectories)
     order = {t.task_id: i for i, t in enumerate(tasks)}
     trajectories.sort(key=lambda t: (order[t.task_id], t.traj_index))
-    if compile_only_score is None:
-        advantages.assign_returns(trajectories, runner.reward, advantage)
-    else:
-        rollout_stats.compile_only_rescore(trajectories, runner.reward, advantage, compile_only_score)
+    advantages.assign_returns(trajectories, runner.reward, advantage)
     return trajectories, times
 
 
@@ -236,7 +233,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         # the card the kernels run on, named in every prompt (env.gpu_name="auto"; a name overrides it)
         env = dataclasses.replace(spec.env, gpu_name=resolve_gpu_name(spec.env.gpu_name, spec.eval, evaluator))
         log.info("%sprompts name the GPU %r", tag, env.gpu_name)
-        runner = EpisodeRunner(policy, evaluator, tokenizer, env, spec.reward)
+        runner = EpisodeRunner(policy, evaluator, tokenizer, env, spec.reward, compile_only_score=proxy_score)
         temperature = spec.sampler.temperature
         updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature, offload=host_offload,
                                    grad_dtype=rl_state.GRAD_DTYPES[spec.optim.grad_dtype])
@@ -271,7 +268,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
             step_tasks = [task_by_id[i] for i in sampler_tasks.tasks_for_step(step)]
             t0 = time.perf_counter()
-            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage, proxy_score)
+            trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage)
             rollout_s = time.perf_counter() - t0
             # correctness, scores, returns, advantages, lengths; the speed of correct kernels (rollout/speed/...)
             values.update({f"rollout/{k}": v for k, v in
@@ -382,8 +379,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 policy.set_model(nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh)))
                 runner.env = dataclasses.replace(spec.env, num_trajectories=spec.holdout.num_trajectories,
                                                  max_response_tokens=spec.max_response_tokens(step))
-                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed), spec.advantage,
-                                        proxy_score)
+                held, _ = run_episodes(runner, holdout_tasks, step, _holdout_seed(spec.seed), spec.advantage)
                 scalars = {f"holdout/{k}": v for k, v in rollout_stats.rollout_scalars(
                     held, spec.env.num_turns, spec.log.thought_prefix).items()}
                 scalars["time/holdout"] = time.perf_counter() - t0

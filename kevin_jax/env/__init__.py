@@ -1,2 +1,2 @@
 """The multi-turn kernel environment: prompts, response parsing, the policy contract, the round loop (episode.py)
-with its evaluations in flight (submissions.py), the turn's reward, and trajectories as plain data (trajectory.py)."""
+with its evaluations in flight (submissions.py) and their replay, and trajectories as plain data (trajectory.py)."""

@@ -8,7 +8,8 @@ trajectories stay together); a group's round is one policy call and one evaluati
   3. submit   the answers (the text outside the thought) to cuda_eval, which compiles, checks and times them
               asynchronously (kevin_jax.env.submissions: a future per request)
   -- when the round's verdicts are all in --
-  4. score    each answer becomes a Turn of its trajectory with its verdict and score (kevin_jax.env.reward)
+  4. score    each answer becomes a Turn of its trajectory with its verdict and score (kevin_jax.reward: the
+              only place a turn is scored)
   5. carry    its code, its summary and the evaluator's feedback are the attempt the next prompt shows
   6. stop     early stop (env.early_stop); beam search prunes and copies trajectories here
   7. render   the group's next prompts (earlier attempts, never thoughts); a history that cannot fit the prompt
@@ -20,7 +21,8 @@ policy call. A group's prompts, seeds and request ids depend only on its own his
 function of (seed, step, pipeline_groups), never of the overlap or of the order in which verdicts arrive; only the
 times differ. The runner returns scored turns; their returns and advantages are the update's
 (kevin_jax.rl.advantages). Trajectories are plain data (kevin_jax.env.trajectory, Contract 4). Early stop is off
-by default, as in Kevin. `reevaluate` replays saved responses through the evaluator.
+by default, as in Kevin. `replay` runs responses already written (saved trajectories, another model's answers)
+through the same parse, evaluator and score.
 """
 from __future__ import annotations
 
@@ -36,10 +38,10 @@ from cuda_eval.api import FEEDBACK_MODES, EvalConfig, EvalRequest, target_gpu_na
 from kevin_jax.env.parse import parse_response
 from kevin_jax.env.policy import Generation, Policy
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
-from kevin_jax.env.reward import RewardConfig, turn_score
 from kevin_jax.env.submissions import (Evaluations, PartTiming, StepTiming, interval_union, split_groups,
                                        verdict_dict)
 from kevin_jax.env.trajectory import STATUSES, Trajectory, Turn
+from kevin_jax.reward import RewardConfig, rescore_turns, scorer
 from kevin_jax.tasks.kernelbench import Task
 
 log = logging.getLogger(__name__)
@@ -178,15 +180,18 @@ def _check_count(what: str, got: int, expected: int) -> None:
 
 
 class EpisodeRunner:
-    """Runs episodes for a policy (Contract 2) and an evaluator (Contract 1) with one tokenizer."""
+    """Runs episodes for a policy (Contract 2) and an evaluator (Contract 1) with one tokenizer. Each turn is scored
+    as it is played, by kevin_jax.reward (with `compile_only_score`, a training run on compile-only verdicts: that
+    proxy score of every kernel that compiled)."""
 
     def __init__(self, policy: Policy, evaluator: Evaluator, tokenizer: Any, env_config: EnvConfig,
-                 reward_config: RewardConfig):
+                 reward_config: RewardConfig, compile_only_score: float | None = None):
         self.policy = policy
         self.evaluator = evaluator
         self.tokenizer = hf_tokenizer(tokenizer)
         self.env = env_config
         self.reward = reward_config
+        self.score = scorer(reward_config, compile_only_score)
         eval_config = getattr(evaluator, "config", None)
         self.gpu_name = resolve_gpu_name(env_config.gpu_name,
                                          eval_config if isinstance(eval_config, EvalConfig) else EvalConfig(),
@@ -272,7 +277,7 @@ class EpisodeRunner:
                         turn = Turn(rnd.index, list(prompt.token_ids), list(generation.tokens),
                                     [float(x) for x in generation.logprobs], generation.stop_reason, text,
                                     parse.to_dict(), dict(verdict))
-                        turn.score = turn_score(turn, self.reward)
+                        turn.score = self.score(turn)
                         lv.traj.turns.append(turn)
                         lv.attempts.append(Attempt(parse.code, parse.summary, turn.feedback))
                         rnd.turns.append(turn)
@@ -374,11 +379,13 @@ def _end_token_ids(tokenizer: Any) -> set[int]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Replays
 
-def reevaluate(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: Mapping[str, Task],
-               config: RewardConfig, max_summary_chars: int = 2000) -> list[Trajectory]:
-    """Copies of the trajectories with every turn's response re-parsed, re-evaluated (one evaluate call for all) and
-    re-scored; returns and advantages are reset to 0 (kevin_jax.rl.advantages assigns them). The responses stay as
-    generated (later prompts are not rebuilt)."""
+def replay(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: Mapping[str, Task],
+           config: RewardConfig, max_summary_chars: int = 2000, request_prefix: str = "") -> list[Trajectory]:
+    """Copies of the trajectories with every turn's response (its text as written) parsed, evaluated (one evaluate
+    call for all) and scored as the round loop does; returns and advantages are reset to 0 (kevin_jax.rl.advantages
+    assigns them). Saved trajectories (launch/eval.py --reevaluate) and another model's answers
+    (kevin_jax.evaluation.external) both come here; the responses stay as they are (later prompts are not rebuilt).
+    Request ids are the round loop's, after `request_prefix`."""
     out = [t.copy() for t in trajectories]
     unknown = sorted({t.task_id for t in out} - set(tasks))
     if unknown:
@@ -386,18 +393,20 @@ def reevaluate(trajectories: Sequence[Trajectory], evaluator: Evaluator, tasks: 
     requests, turns = [], []
     for traj in out:
         for turn in traj.turns:
-            # The saved parse says whether the prompt had opened a thought: it has a thought although the response
-            # may hold no <think> tag only in that case.
+            # A saved parse says whether the prompt had opened a thought: it has a thought although the response
+            # may hold no <think> tag only in that case. A response without a parse (written elsewhere, to a prompt
+            # we do not know) counts as starting outside any thought.
             opened = turn.parsed.get("thought") is not None and "<think>" not in turn.response_text
             parsed = parse_response(turn.response_text, opened, max_summary_chars)
             turn.parsed = parsed.to_dict()
             requests.append(EvalRequest(task_id=traj.task_id, task_source=tasks[traj.task_id].source,
-                                        response=parsed.answer, request_id=_request_id(traj, turn.turn)))
+                                        response=parsed.answer,
+                                        request_id=request_prefix + _request_id(traj, turn.turn)))
             turns.append(turn)
     results = evaluator.evaluate(requests) if requests else []
     _check_count("evaluator", len(results), len(requests))
     for turn, result in zip(turns, results):
         turn.verdict = verdict_dict(result)
-        turn.score = turn_score(turn, config)
         turn.return_ = turn.advantage = 0.0
+    rescore_turns(turns, scorer(config))
     return out

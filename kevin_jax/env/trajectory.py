@@ -52,7 +52,7 @@ class Turn:
     response_text: str
     parsed: dict                # ParsedResponse.to_dict()
     verdict: dict               # EvalResult.to_dict()
-    score: float = 0.0          # kevin_jax.env.reward.turn_score
+    score: float = 0.0          # kevin_jax.reward.turn_score
     return_: float = 0.0        # "return" in the JSON; return_ and advantage: kevin_jax.rl.advantages (0 until then)
     advantage: float = 0.0
 

@@ -18,12 +18,10 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cuda_eval.api import EvalRequest
-from kevin_jax.env.parse import parse_response
+from kevin_jax.env import episode
 from kevin_jax.env.prompts import first_turn_text
-from kevin_jax.env.reward import RewardConfig
-from kevin_jax.env.submissions import verdict_dict
 from kevin_jax.env.trajectory import InputReport, RecordError, Trajectory, Turn, read_jsonl
+from kevin_jax.reward import RewardConfig
 from kevin_jax.rl.advantages import AdvantageConfig, assign_returns
 from kevin_jax.tasks.kernelbench import Task, check_known_tasks
 
@@ -112,28 +110,19 @@ def _group(responses: Sequence[ExternalResponse]) -> dict[tuple[str, int], list[
 def evaluate_external(responses: Sequence[ExternalResponse], tasks: Mapping[str, Task], evaluator: Any,
                       reward: RewardConfig, advantage: AdvantageConfig,
                       max_summary_chars: int = 2000) -> list[Trajectory]:
-    """Contract-4 trajectories of the responses (no tokens: they were not sampled here), every answer parsed as
-    ours are and evaluated in one evaluator call, then scored with `reward` (returns) and `advantage`."""
+    """Contract-4 trajectories of the responses (no tokens: they were not sampled here; step 0, seed 0), replayed as
+    saved responses are (kevin_jax.env.episode.replay: parsed as ours are, one evaluator call, scored), then returns
+    (`reward`) and advantages (`advantage`). Request ids start with "external/"."""
     if not responses:
         raise ValueError("no external responses to evaluate")
     check_known_tasks({r.task_id for r in responses}, tasks, "the external responses")
-    trajectories, requests, turns = [], [], []
+    trajectories = []
     for (task_id, j), group in sorted(_group(responses).items()):
-        traj = Trajectory(task_id, j, step=0, seed=0)
-        for r in sorted(group, key=lambda r: r.turn):
-            # The other system's prompt is unknown: a response counts as starting outside any thought.
-            parsed = parse_response(r.response, False, max_summary_chars)
-            turn = Turn(r.turn, [], [], [], r.stop_reason, r.response, parsed.to_dict(), {})
-            requests.append(EvalRequest(task_id=task_id, task_source=tasks[task_id].source, response=parsed.answer,
-                                        request_id=f"external/{task_id}/traj{j}/turn{r.turn}"))
-            turns.append(turn)
-            traj.turns.append(turn)
-        trajectories.append(traj)
-    results = evaluator.evaluate(requests)
-    if len(results) != len(requests):
-        raise RuntimeError(f"the evaluator returned {len(results)} results for {len(requests)} requests")
-    for turn, result in zip(turns, results):
-        turn.verdict = verdict_dict(result)
+        # No parse yet: the other system's prompt is unknown, so the replay reads each response as starting outside
+        # any thought.
+        trajectories.append(Trajectory(task_id, j, step=0, seed=0, turns=[
+            Turn(r.turn, [], [], [], r.stop_reason, r.response, {}, {}) for r in sorted(group, key=lambda r: r.turn)]))
+    trajectories = episode.replay(trajectories, evaluator, tasks, reward, max_summary_chars, request_prefix="external/")
     assign_returns(trajectories, reward, advantage)
     return trajectories
 

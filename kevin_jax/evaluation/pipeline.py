@@ -273,7 +273,7 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
             check_known_tasks({t.task_id for t in trajectories}, by_id, options.reevaluate)
             dependent = is_beam_search(trajectories)
             t0 = time.perf_counter()
-            trajectories = episode.reevaluate(trajectories, evaluator_or_default(), by_id, spec.reward,
+            trajectories = episode.replay(trajectories, evaluator_or_default(), by_id, spec.reward,
                                               spec.env.max_summary_chars)
             advantages.assign_returns(trajectories, spec.reward, spec.advantage)
             meta.update(source=f"responses of {options.reevaluate}, evaluated again", step=trajectories[0].step,

@@ -1,28 +1,25 @@
-"""What each turn is worth to the update: multi-turn returns and per-task normalised advantages (Kevin), from the
-scores the environment gives each turn (kevin_jax.env.reward), and the `advantage` config section.
+"""Per-task normalised advantages (Kevin) from the returns of the scored turns, and the `advantage` config section.
 
-- Return of turn t of a trajectory (reward.gamma, reward.return_aggregation): R_t = sum_{i>=t} gamma^(i-t) S_i
-  ("sum", gamma = 0.4 in Kevin) or R_t = max_{i>=t} gamma^(i-t) S_i ("max"); "single_turn" makes every turn its own
-  sample (R_t = S_t).
-- Advantages (the `advantage` section): per task, over all turn-samples of all its trajectories (16 x 4 = 64 in
-  Kevin): (R - baseline) / std, baseline = the group mean, or for each sample the mean of the others
-  ("leave_one_out"), or the mean of the task's samples at the same turn ("turn_mean"); std is always the task's;
-  `normalize_std=False` drops the std division (Dr. GRPO). Why "turn_mean": with one baseline for all turns, an early
-  turn's return sums more discounted scores than a late one's, so the last turn's samples get a negative advantage on
-  average (about -0.3 to -0.6 std at every step of the demo runs, while last-turn kernels got worse: docs/LOG.md,
-  "Kevin's one baseline for all turns pushes the last turn down at every step"). A per-turn baseline removes that
-  offset and keeps the std (the step size) of the whole task.
+A turn's score and return are kevin_jax.reward's, set once when the turn is played (Turn.score); here:
+- Advantages: per task, over all turn-samples of all its trajectories (16 x 4 = 64 in Kevin): (R - baseline) / std,
+  baseline = the group mean, or for each sample the mean of the others ("leave_one_out"), or the mean of the task's
+  samples at the same turn ("turn_mean"); std is always the task's; `normalize_std=False` drops the std division
+  (Dr. GRPO). Why "turn_mean": with one baseline for all turns, an early turn's return sums more discounted scores
+  than a late one's, so the last turn's samples get a negative advantage on average (about -0.3 to -0.6 std at every
+  step of the demo runs, while last-turn kernels got worse: docs/LOG.md, "Kevin's one baseline for all turns pushes
+  the last turn down at every step"). A per-turn baseline removes that offset and keeps the std (the step size) of
+  the whole task.
 Pure numpy on plain data, so saved trajectories can be re-scored without the evaluator (`rescore`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
-from kevin_jax.env.reward import RewardConfig, turn_score
-from kevin_jax.env.trajectory import Trajectory, Turn
+from kevin_jax.env.trajectory import Trajectory
+from kevin_jax.reward import RewardConfig, discounted_returns, rescore_turns, turn_score
 
 BASELINES = ("mean", "leave_one_out", "turn_mean")
 
@@ -43,24 +40,6 @@ class AdvantageConfig:
     def __post_init__(self):
         if self.baseline not in BASELINES:
             raise ValueError(f"advantage.baseline must be one of {BASELINES}, got {self.baseline!r}")
-
-
-def discounted_returns(scores: Sequence[float], config: RewardConfig) -> np.ndarray:
-    """R_t of one trajectory's per-turn scores."""
-    scores = np.asarray(scores, dtype=np.float64)
-    if config.return_aggregation == "single_turn":
-        return scores.copy()
-    returns = np.empty_like(scores)
-    later = None
-    for t in range(len(scores) - 1, -1, -1):
-        if later is None:
-            returns[t] = scores[t]
-        elif config.return_aggregation == "sum":
-            returns[t] = scores[t] + config.gamma * later
-        else:  # max_{i>=t} gamma^(i-t) S_i = max(S_t, gamma * R_{t+1})
-            returns[t] = max(scores[t], config.gamma * later)
-        later = returns[t]
-    return returns
 
 
 def normalized_advantages(returns: Sequence[float], config: AdvantageConfig,
@@ -107,16 +86,13 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Hashable], confi
     return out
 
 
-def assign_returns(trajectories: Sequence[Trajectory], reward: RewardConfig, advantage: AdvantageConfig,
-                   score_of: Callable[[Turn], float] | None = None) -> None:
-    """Fills score, return and advantage of every turn in place: each turn scored from its saved parse and verdict
-    (the environment's turn_score, or `score_of(turn)`, e.g. compile-only runs), returns within each trajectory,
-    advantages over all turn-samples of the same task."""
+def assign_returns(trajectories: Sequence[Trajectory], reward: RewardConfig, advantage: AdvantageConfig) -> None:
+    """Fills return and advantage of every turn in place from the scores the turns were given when played
+    (Turn.score): returns within each trajectory, advantages over all turn-samples of the same task."""
     returns, groups, turns = [], [], []
     for traj in trajectories:
-        scores = [score_of(t) if score_of else turn_score(t, reward) for t in traj.turns]
-        for t, s, r in zip(traj.turns, scores, discounted_returns(scores, reward)):
-            t.score, t.return_ = float(s), float(r)
+        for t, r in zip(traj.turns, discounted_returns([t.score for t in traj.turns], reward)):
+            t.return_ = float(r)
             returns.append(r)
             groups.append(traj.task_id)
             turns.append(t)
@@ -128,5 +104,6 @@ def rescore(trajectories: Sequence[Trajectory], reward: RewardConfig,
             advantage: AdvantageConfig) -> list[Trajectory]:
     """Copies of the trajectories, re-scored from their saved verdicts under these sections (no evaluator needed)."""
     out = [t.copy() for t in trajectories]
+    rescore_turns((turn for traj in out for turn in traj.turns), lambda turn: turn_score(turn, reward))
     assign_returns(out, reward, advantage)
     return out

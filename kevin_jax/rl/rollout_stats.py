@@ -1,5 +1,4 @@
-"""Scalars that describe a batch of rollouts (what TensorBoard shows per step, under rollout/ and holdout/), and the
-compile-only proxy scores.
+"""Scalars that describe a batch of rollouts (what TensorBoard shows per step, under rollout/ and holdout/).
 
 All functions read Contract-4 trajectories (kevin_jax.env.trajectory); whether a turn compiled, is correct and how
 fast it is are the Turn's own properties. Each metric has one name: the speed of correct kernels (mean speedup,
@@ -12,24 +11,13 @@ from typing import Sequence
 
 import numpy as np
 
-from kevin_jax.env.reward import RewardConfig
 from kevin_jax.env.trajectory import Trajectory, Turn
-from kevin_jax.rl.advantages import AdvantageConfig, assign_returns
 from kevin_jax.rl.speed_metrics import speed_scalars
 
 
 def _mean(values) -> float:
     values = list(values)
     return float(np.mean(values)) if values else float("nan")
-
-
-def compile_only_rescore(trajectories: Sequence[Trajectory], reward: RewardConfig, advantage: AdvantageConfig,
-                         compiled_score: float) -> None:
-    """Without a GPU nothing runs, so every kernel scores 0 under the real reward. This replaces each turn's score by
-    `compiled_score` for a well-formed, unflagged kernel that compiled (else 0), then recomputes returns and
-    advantages with the run's reward and advantage settings (in place)."""
-    assign_returns(trajectories, reward, advantage,
-                   score_of=lambda t: compiled_score if t.ok("compile_only") else 0.0)
 
 
 # A token the sampler drew with probability below this is a "tail" token: with a memorised policy (per-token NLL

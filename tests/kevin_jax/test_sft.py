@@ -20,7 +20,7 @@ from cuda_eval.api import EvalResult
 from kevin_jax import parallel, policy_init, sft
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner
 from kevin_jax.env.prompts import PromptRenderer
-from kevin_jax.env.reward import RewardConfig
+from kevin_jax.reward import RewardConfig
 from kevin_jax.model import qwen2, shapes
 from kevin_jax.model.tokenizer import load_tokenizer
 from kevin_jax.rl import batch as rl_batch

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from kevin_env_fakes import EvaluatorFake, ScriptedPolicyFake, chatml_tokenizer, scripted_answer
 
-from kevin_jax.env.episode import EnvConfig, EpisodeRunner, reevaluate, round_seed
+from kevin_jax.env.episode import EnvConfig, EpisodeRunner, replay, round_seed
 from kevin_jax.env.trajectory import LineProblem, Trajectory, Turn, read_trajectories, write_trajectories
 from kevin_jax.env.policy import Generation
 from kevin_jax.env.prompts import PromptTooLongError
-from kevin_jax.env.reward import RewardConfig
-from kevin_jax.rl.advantages import AdvantageConfig, assign_returns, discounted_returns, rescore
+from kevin_jax.reward import RewardConfig
+from kevin_jax.reward import discounted_returns
+from kevin_jax.rl.advantages import AdvantageConfig, assign_returns, rescore
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 
 TASKS = load_builtin_tasks()
@@ -209,7 +210,7 @@ def test_length_limit_inside_the_thought_is_a_format_failure():
     assert "no code" in runner.tokenizer.decode(traj.turns[1].prompt_tokens, skip_special_tokens=False)
 
 
-def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
+def test_jsonl_round_trip_rescore_and_replay(tmp_path):
     runner, _, _ = make_runner(kevin_like_script())
     trajs = runner.run(tasks()).trajectories
     assign_returns(trajs, RewardConfig(), AdvantageConfig())
@@ -239,13 +240,39 @@ def test_jsonl_round_trip_rescore_and_reevaluate(tmp_path):
     assert any(abs(a.advantage - b.advantage) > 1e-6 for x, y in zip(same, per_turn) for a, b in zip(x.turns, y.turns))
 
     all_fast = EvaluatorFake(lambda r: {"correct": True, "speedup": 2.0, "feedback": "Correct."})
-    again = reevaluate(loaded, all_fast, TASKS.by_id(), RewardConfig())
+    again = replay(loaded, all_fast, TASKS.by_id(), RewardConfig())
     assert len(all_fast.batches) == 1 and len(all_fast.batches[0]) == 24
     assert all("SECRET-THOUGHT" not in r.response for r in all_fast.batches[0])
     assert all(t.score == pytest.approx(2.3) for tr in again for t in tr.turns)
     assert all(t.parsed["thought"].startswith("SECRET-THOUGHT") for tr in again for t in tr.turns)
     with pytest.raises(ValueError, match="unknown task"):
-        reevaluate(loaded, all_fast, {}, RewardConfig())
+        replay(loaded, all_fast, {}, RewardConfig())
+
+
+def test_a_turn_is_scored_once_when_played():
+    """The runner scores each turn (kevin_jax.reward); returns and advantages read Turn.score and never score again:
+    a compile-only run gets its proxy score at play time, and a score set on a turn is what its return is made of."""
+    compiled_only = EvaluatorFake(lambda r: {"mode": "compile_only", "correct": None, "speedup": None}
+                                  if "WRONG" not in r.response and "// BUG:" not in r.response else
+                                  {"mode": "compile_only", "compiled": False, "correct": None, "speedup": None})
+    tok = chatml_tokenizer()
+    env = EnvConfig(num_turns=3, num_trajectories=2, max_prompt_tokens=200_000, max_response_tokens=100_000)
+    runner = EpisodeRunner(ScriptedPolicyFake(tok, kevin_like_script()), compiled_only, tok, env, RewardConfig(),
+                           compile_only_score=0.25)
+    trajs = runner.run(tasks()).trajectories
+    assert [t.score for t in trajs[0].turns] == [0.0, 0.25, 0.25]          # turn 0 did not compile
+    trajs[0].turns[2].score = 10.0                                         # whatever the turn was given
+    assign_returns(trajs, RewardConfig(gamma=0.5), AdvantageConfig())
+    assert [t.return_ for t in trajs[0].turns] == pytest.approx([0.0 + 0.5 * (0.25 + 0.5 * 10.0), 0.25 + 5.0, 10.0])
+
+
+def test_replay_uses_the_round_loops_request_ids():
+    runner, _, _ = make_runner(kevin_like_script())
+    trajs = runner.run(tasks(), step=3).trajectories
+    evaluator = EvaluatorFake()
+    replay(trajs[:1], evaluator, TASKS.by_id(), RewardConfig(), request_prefix="again/")
+    assert [r.request_id for r in evaluator.batches[0]] == [
+        f"again/step3/{TASK_IDS[0]}/traj0/turn{k}" for k in range(3)]
 
 
 def test_bad_inputs():
@@ -333,12 +360,10 @@ def test_rollout_scalars_report_each_turns_mean_advantage():
         return [Trajectory("t", 0, 0, 0, [turn(0, True), turn(1, True)]),
                 Trajectory("t", 1, 0, 0, [turn(0, True), turn(1, False)])]
 
-    kevin = trajs()
-    assign_returns(kevin, RewardConfig(), AdvantageConfig())
+    kevin = rescore(trajs(), RewardConfig(), AdvantageConfig())     # hand-made turns: scored here
     out = rollout_scalars(kevin, 2)
     assert out["turn1/advantage_mean"] < 0 < out["turn0/advantage_mean"]
-    per_turn = trajs()
-    assign_returns(per_turn, RewardConfig(), AdvantageConfig(baseline="turn_mean"))
+    per_turn = rescore(trajs(), RewardConfig(), AdvantageConfig(baseline="turn_mean"))
     out = rollout_scalars(per_turn, 2)
     assert out["turn0/advantage_mean"] == pytest.approx(0.0) and out["turn1/advantage_mean"] == pytest.approx(0.0)
 

@@ -16,7 +16,7 @@ from kevin_env_fakes import chatml_tokenizer, judge_by_marker, scripted_answer
 from cuda_eval.api import EvalResult
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner, round_seed
 from kevin_jax.env.policy import Generation
-from kevin_jax.env.reward import RewardConfig
+from kevin_jax.reward import RewardConfig
 from kevin_jax.env.submissions import interval_union, share_gpus_with_evaluator, split_groups
 from kevin_jax.tasks import builtin_solutions, load_builtin_tasks
 

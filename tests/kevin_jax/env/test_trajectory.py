@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cuda_eval.api import EvalRequest, EvalResult
-from kevin_jax.env.reward import RewardConfig, turn_score
+from kevin_jax.reward import RewardConfig, turn_score
 from kevin_jax.env.submissions import failed_verdict
 from kevin_jax.env.trajectory import (STATUSES, RecordError, Trajectory, Turn, read_trajectories, step_path,
                                       write_trajectories)

@@ -9,7 +9,7 @@ import pytest
 from kevin_env_fakes import EvaluatorFake
 
 from cuda_eval.api import EvalConfig, Evaluator
-from kevin_jax.env.reward import RewardConfig
+from kevin_jax.reward import RewardConfig
 from kevin_jax.evaluation import pipeline
 from kevin_jax.evaluation.external import evaluate_external, load_external
 from kevin_jax.evaluation.metrics import compute_metrics

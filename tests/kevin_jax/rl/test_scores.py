@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from cuda_eval.api import EvalResult
-from kevin_jax.env.reward import RewardConfig, turn_score
+from kevin_jax.reward import RewardConfig, turn_score
 from kevin_jax.env.trajectory import Turn
-from kevin_jax.rl.advantages import AdvantageConfig, discounted_returns, group_advantages, normalized_advantages
+from kevin_jax.reward import discounted_returns
+from kevin_jax.rl.advantages import AdvantageConfig, group_advantages, normalized_advantages
 
 
 def verdict(correct=True, speedup=1.3, **kw):
