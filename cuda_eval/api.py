@@ -26,17 +26,19 @@ from typing import Any, Sequence
 
 from cuda_eval import feedback, scoring
 from cuda_eval.profile import kernel_profile
+# re-exported: a report over saved verdicts shows a kernel's profile (launch/eval.py --profile)
+from cuda_eval.profile.kernel_profile import render_breakdown as profile_breakdown  # noqa: F401
 from cuda_eval.protocol.job import DynamicChecks, JobConfig, JobPayload, JobTiming, RuntimeBuild
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
 from cuda_eval.static import checks
 from cuda_eval.static.extraction import extract_code  # re-exported: env.parse uses the same extraction
 # re-exported: the trainer sizes and watches the host's memory by the same reading as the output buffers' grants
-from cuda_eval.gpu_pool import host_memory_available, host_memory_total  # noqa: F401
+from cuda_eval.host_memory import host_memory_available, host_memory_total  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EvalConfig", "EvalRequest", "EvalResult", "Evaluator", "evaluate", "extract_code", "host_memory_available",
-           "host_memory_total"]
+           "host_memory_total", "profile_breakdown"]
 
 
 @dataclasses.dataclass

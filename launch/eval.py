@@ -12,11 +12,11 @@
         --config.eval.atol=1e-3
     python launch/eval.py --config=... --export_prompts=/tmp/prompts.jsonl        # give these to another model
     python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other
-    # the same answers under Kevin's rules and KernelBench's (cuda_eval/scoring.py), tables side by side
+    # the same answers under Kevin's rules and KernelBench's (EvalConfig.profile), tables side by side
     python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other \
         --profiles=kevin,kernelbench
     # the per-kernel profile of each task's best kernel (kernels, launch configuration, registers, spills,
-    # occupancy, bytes and FLOPs over its time; cuda_eval/profile/kernel_profile.py) in <out>/kernel_profiles.txt
+    # occupancy, bytes and FLOPs over its time; cuda_eval.api.profile_breakdown) in <out>/kernel_profiles.txt
     python launch/eval.py --config=... --checkpoint=... --out=... --profile
     # test-time beam search: keep the 4 best of 16 trajectories after every turn, copy each 4 times
     python launch/eval.py --config=... --checkpoint=... --out=... --beam_width=4 --beam_block_turns=1
@@ -61,7 +61,7 @@ _TITLE = flags.DEFINE_string("title", "", "Report title.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Profile every correct kernel after its verdict (advisory, never a "
                               "score) and report the per-kernel breakdown of each task's best kernel: "
                               "<out>/kernel_profiles.txt, also appended to table.txt.")
-_PROFILES = flags.DEFINE_list("profiles", [], "Score under each of these evaluation profiles (cuda_eval/scoring.py, "
+_PROFILES = flags.DEFINE_list("profiles", [], "Score under each of these evaluation profiles (cuda_eval.api.EvalConfig.profile, "
                               "e.g. kevin,kernelbench): one evaluation per profile in <out>/<profile>/, their tables "
                               "printed side by side. With --external or --reevaluate (the same answers each time).")
 
@@ -78,10 +78,10 @@ def _run_profiles(config, options, names):
     import copy
     import dataclasses
 
-    from cuda_eval import scoring
+    from cuda_eval.api import EvalConfig
     from kevin_jax.evaluation import pipeline, report
     for name in names:
-        scoring.get(name)                      # an unknown name fails before any work
+        EvalConfig(profile=name)               # an unknown name fails before any work
     if not (options.external or options.reevaluate):
         raise ValueError("--profiles scores saved answers: give --external or --reevaluate")
     if not options.out_dir:
@@ -104,10 +104,10 @@ def _run_profiles(config, options, names):
 
 def _write_profile_report(out_dir):
     """--profile: each task's best kernel, kernel by kernel, from the saved verdicts (meta.kernel_profile)."""
-    from cuda_eval.profile.kernel_profile import best_kernel_report
     from kevin_jax.env.trajectory import read_trajectories
+    from kevin_jax.evaluation.report import best_kernel_report
     trajectories, _ = read_trajectories(os.path.join(out_dir, "trajectories.jsonl"))
-    text = best_kernel_report(t.to_dict() for t in trajectories)
+    text = best_kernel_report(trajectories)
     text = "Per-kernel profile of each task's best kernel (GPU time per forward)\n\n" + text + "\n"
     with open(os.path.join(out_dir, "kernel_profiles.txt"), "w") as f:
         f.write(text)

@@ -1,6 +1,8 @@
 """The layout of cuda_eval is its architecture: docs/ARCHITECTURE.md's map names every module (and nothing that is
-gone), only worker/ runs candidate code and nothing outside it imports it, and kevin_jax reaches the evaluator only
-through cuda_eval.api. The import graph is test_import_cycles.py's (function-level imports count)."""
+gone), only worker/ runs candidate code and nothing outside it imports it (the launchers, scripts and benchmarks
+neither), the worker imports no sandbox, and kevin_jax and launch/ reach the evaluator only through cuda_eval.api.
+In kevin_jax, RL does not import the evaluation (the evaluation reads RL's checkpoints and advantages). The import
+graph is test_import_cycles.py's (function-level imports count)."""
 import ast
 import re
 from pathlib import Path
@@ -86,6 +88,68 @@ def test_kevin_jax_reaches_cuda_eval_only_through_the_api(graph):
     bad = {m: sorted(e for e in edges if e.startswith("cuda_eval") and e not in ("cuda_eval", "cuda_eval.api"))
            for m, edges in graph.items() if m.startswith("kevin_jax")}
     assert not any(bad.values()), {m: e for m, e in bad.items() if e}
+
+
+def script_imports(folder: str) -> dict[str, set[str]]:
+    """Every module each .py file under ROOT/folder imports (at any level; `from a import b` counts as a.b too)."""
+    out = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+        out[path.relative_to(ROOT).as_posix()] = names
+    return out
+
+
+# A benchmark of the worker's own code, run in a process of its own with no trusted code in it: measuring the tracer
+# the worker runs every candidate call under is its purpose.
+MEASURES_THE_WORKER = {"benchmarks/tracer_overhead.py"}
+
+
+@pytest.mark.parametrize("folder", ["launch", "scripts", "benchmarks"])
+def test_launchers_scripts_and_benchmarks_import_no_worker(folder):
+    found = script_imports(folder)
+    assert len(found) >= 3, found
+    bad = {f: sorted(n for n in names if n.startswith("cuda_eval.worker"))
+           for f, names in found.items() if f not in MEASURES_THE_WORKER}
+    assert not {f: n for f, n in bad.items() if n}, "imports the candidate's side"
+
+
+def test_the_script_check_sees_an_import_inside_a_function(tmp_path, monkeypatch):
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "x.py").write_text("def main():\n    from cuda_eval.worker import record\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert "cuda_eval.worker.record" in script_imports("launch")["launch/x.py"]
+
+
+def test_the_launchers_reach_cuda_eval_only_through_the_api():
+    bad = {f: sorted(n for n in names if n.startswith("cuda_eval") and n not in ("cuda_eval", "cuda_eval.api")
+                     and not n.startswith("cuda_eval.api."))
+           for f, names in script_imports("launch").items()}
+    assert not {f: n for f, n in bad.items() if n}
+
+
+@pytest.mark.xfail(strict=True, reason="the worker's run-time build (worker/runtime_build.py) builds through "
+                   "compile/builder.py, which runs the compilers through sandbox/runner.py; a build entry of the "
+                   "worker's own without the sandbox is not made yet")
+def test_the_worker_imports_no_sandbox(graph):
+    seen, todo = set(), [m for m in graph if m.startswith("cuda_eval.worker")]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    assert not sorted(m for m in seen if m.startswith("cuda_eval.sandbox")), "the worker reaches the sandbox"
+
+
+def test_rl_does_not_import_the_evaluation(graph):
+    bad = {m: sorted(e for e in edges if e.startswith("kevin_jax.evaluation"))
+           for m, edges in graph.items() if m.startswith("kevin_jax.rl")}
+    assert len(bad) >= 5 and not any(bad.values()), {m: e for m, e in bad.items() if e}
 
 
 def test_the_static_reading_imports_no_torch():

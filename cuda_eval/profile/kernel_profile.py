@@ -670,32 +670,3 @@ def render_breakdown(profile: Mapping | None) -> str:
     for what, why in (profile.get("notes") or {}).items():
         lines.append(f"note: {what}: {why}")
     return "\n".join(lines)
-
-
-def best_kernel_report(trajectories: Iterable[Mapping]) -> str:
-    """Per task, the per-kernel breakdown of its best kernel (correct, unflagged, the highest speedup) among saved
-    trajectories ({task_id, turns: [{verdict: EvalResult.to_dict()}]}, Contract 4): launch/eval.py --profile."""
-    best: dict[str, tuple[float, Mapping, str]] = {}
-    tasks: list[str] = []
-    for traj in trajectories:
-        task = str(traj.get("task_id"))
-        if task not in tasks:
-            tasks.append(task)
-        for k, turn in enumerate(traj.get("turns") or []):
-            v = turn.get("verdict") or {}
-            if v.get("correct") and not v.get("hack_flags") and isinstance(v.get("speedup"), (int, float)):
-                if task not in best or v["speedup"] > best[task][0]:
-                    where = f"trajectory {traj.get('traj_index', '?')}, turn {turn.get('turn', k)}"
-                    best[task] = (float(v["speedup"]), v, where)
-    blocks = []
-    for task in sorted(tasks):
-        if task not in best:
-            blocks.append(f"{task}: no correct kernel")
-            continue
-        speedup, v, where = best[task]
-        timing = (v.get("timing") or {}).get("median_ms")
-        head = f"{task}: best kernel {speedup:.2f}x ({where}"
-        head += f", {_ms(timing)})" if timing else ")"
-        body = render_breakdown((v.get("meta") or {}).get("kernel_profile"))
-        blocks.append(head + "\n" + "\n".join("  " + line for line in body.splitlines()))
-    return "\n\n".join(blocks)

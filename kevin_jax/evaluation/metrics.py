@@ -29,15 +29,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from kevin_jax.env.trajectory import Trajectory, Turn
+from kevin_jax.rl.speed_metrics import fast_key as fast_name   # one naming for both
 
 FAST_P = (1.0, 1.5, 2.0)
 BASELINES = ("eager", "compile")
 MODES = ("full", "compile_only")
-
-
-def fast_name(p: float) -> str:
-    """"fast_1", "fast_1.5", "fast_2"."""
-    return f"fast_{p:g}"
 
 
 def correct_name(mode: str) -> str:

@@ -17,6 +17,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cuda_eval.api import profile_breakdown
+from kevin_jax.env.trajectory import Trajectory
 from kevin_jax.evaluation.metrics import fast_name
 
 BASELINE_LABEL = {"eager": "PyTorch eager", "compile": "torch.compile"}
@@ -322,3 +324,28 @@ def plot_all(metrics: Mapping[str, Any], out_dir: str | Path, title: str = "eval
         if budget is not None:
             paths.append(budget)
     return paths
+
+
+def best_kernel_report(trajectories: Iterable[Trajectory]) -> str:
+    """Per task, the per-kernel profile (cuda_eval's breakdown of the verdict's meta.kernel_profile) of its best
+    kernel: the highest speedup among its correct turns (Turn.correct, Turn.speedup: the one definition the reward
+    uses too). launch/eval.py --profile."""
+    best: dict[str, tuple[float, Mapping, str]] = {}
+    tasks: list[str] = []
+    for traj in trajectories:
+        if traj.task_id not in tasks:
+            tasks.append(traj.task_id)
+        for turn in traj.turns:
+            if turn.speedup is not None and (traj.task_id not in best or turn.speedup > best[traj.task_id][0]):
+                best[traj.task_id] = (turn.speedup, turn.verdict, f"trajectory {traj.traj_index}, turn {turn.turn}")
+    blocks = []
+    for task in sorted(tasks):
+        if task not in best:
+            blocks.append(f"{task}: no correct kernel")
+            continue
+        speedup, verdict, where = best[task]
+        timing = (verdict.get("timing") or {}).get("median_ms")
+        head = f"{task}: best kernel {speedup:.2f}x ({where}" + (f", {timing:.3g} ms)" if timing else ")")
+        body = profile_breakdown((verdict.get("meta") or {}).get("kernel_profile"))
+        blocks.append(head + "\n" + "\n".join("  " + line for line in body.splitlines()))
+    return "\n\n".join(blocks)

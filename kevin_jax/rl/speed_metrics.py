@@ -23,12 +23,16 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from kevin_jax.env.trajectory import Trajectory, Turn, turns_of
-from kevin_jax.evaluation.metrics import fast_name as fast_key  # "fast_1", "fast_1.5": one naming for both
 
 FAST_P = (1.0, 1.5)
 PREFIX = "speed/"
 # Logged by rollout_stats under their own names: not repeated under speed/.
 LOGGED_ELSEWHERE = ("score_mean", "correct_rate")
+
+
+def fast_key(p: float) -> str:
+    """"fast_1", "fast_1.5", "fast_2": the one name of a fast_p metric (kevin_jax.evaluation.metrics uses it too)."""
+    return f"fast_{p:g}"
 
 
 def _mean(values: Sequence[float]) -> float | None:

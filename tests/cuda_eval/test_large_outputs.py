@@ -248,13 +248,13 @@ def test_output_buffers_leave_a_large_host_its_share_free(monkeypatch):
     import threading
     import time
 
-    from cuda_eval import gpu_pool
+    from cuda_eval import host_memory
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert 1 << 28 < gpu_pool.host_memory_total() <= physical       # the container's limit, where there is one
+    assert 1 << 28 < host_memory.host_memory_total() <= physical       # the container's limit, where there is one
     fake_total = {"bytes": 500 << 30}
-    monkeypatch.setattr(gpu_pool, "host_memory_total", lambda: fake_total["bytes"])
-    monkeypatch.setattr(gpu_pool, "host_memory_available", lambda: 12 << 30)
-    assert gpu_pool.host_memory_reserve() == 10 << 30
+    monkeypatch.setattr(host_memory, "host_memory_total", lambda: fake_total["bytes"])
+    monkeypatch.setattr(host_memory, "host_memory_available", lambda: 12 << 30)
+    assert host_memory.host_memory_reserve() == 10 << 30
     pool = GpuPool.__new__(GpuPool)    # the grant's arithmetic only: no processes
     pool.config = PoolConfig(device_type="cpu", devices=("cpu0",), data_bytes=None)
     pool._memory, pool._granted, pool._counter = threading.Condition(), {}, iter(range(100))
@@ -262,7 +262,7 @@ def test_output_buffers_leave_a_large_host_its_share_free(monkeypatch):
         pool._reserve_host_memory(4 << 30, time.monotonic() + 1)
     pool._release_host_memory(pool._reserve_host_memory(1 << 30, time.monotonic() + 1))
     fake_total["bytes"] = 24 << 30                                  # a small host: the 2 GiB floor
-    assert gpu_pool.host_memory_reserve() == gpu_pool.HOST_MEMORY_RESERVE
+    assert host_memory.host_memory_reserve() == host_memory.HOST_MEMORY_RESERVE
 
 
 def test_a_trainer_sets_the_reserve_an_output_buffer_leaves(monkeypatch):
@@ -272,10 +272,10 @@ def test_a_trainer_sets_the_reserve_an_output_buffer_leaves(monkeypatch):
     import threading
     import time
 
-    from cuda_eval import gpu_pool
+    from cuda_eval import gpu_pool, host_memory
     from cuda_eval.api import EvalConfig, Evaluator
-    monkeypatch.setattr(gpu_pool, "host_memory_total", lambda: 500 << 30)
-    monkeypatch.setattr(gpu_pool, "host_memory_available", lambda: 12 << 30)
+    monkeypatch.setattr(host_memory, "host_memory_total", lambda: 500 << 30)
+    monkeypatch.setattr(host_memory, "host_memory_available", lambda: 12 << 30)
     made = {}                          # the pool config the Evaluator makes from its EvalConfig (no processes)
     monkeypatch.setattr(gpu_pool, "GpuPool", lambda config: made.setdefault("config", config))
     evaluator = Evaluator.__new__(Evaluator)

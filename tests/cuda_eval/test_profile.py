@@ -286,17 +286,23 @@ def test_feedback_mode_is_checked():
 
 
 def test_best_kernel_report_for_launch_eval():
-    """launch/eval.py --profile: per task, the breakdown of the fastest correct unflagged kernel."""
-    def turn(k, speedup, profile, correct=True, flags=()):
-        return {"turn": k, "verdict": {"correct": correct, "speedup": speedup, "hack_flags": list(flags),
-                                       "timing": {"median_ms": 1.0}, "meta": {"kernel_profile": profile}}}
+    """launch/eval.py --profile (kevin_jax.evaluation.report): per task, the breakdown of its fastest correct kernel,
+    "correct" read from Turn.correct (well formed, correct, unflagged) as the reward reads it."""
+    from kevin_jax.env.trajectory import Trajectory, Turn
+    from kevin_jax.evaluation.report import best_kernel_report
+
+    def turn(k, speedup, profile, correct=True, flags=(), format_error=None):
+        return Turn(k, [1], [2], [0.0], "stop", "", {"format_error": format_error},
+                    {"correct": correct, "speedup": speedup, "hack_flags": list(flags),
+                     "timing": {"median_ms": 1.0}, "meta": {"kernel_profile": profile}})
     trajectories = [
-        {"task_id": "L1/matmul", "traj_index": 0, "turns": [turn(0, 0.1, PROFILES["matmul_tiled_h100"]),
-                                                             turn(1, 9.0, None, flags=[{"code": "x"}])]},
-        {"task_id": "L1/matmul", "traj_index": 1, "turns": [turn(0, 0.5, PROFILES["gemm_fused_spills_h100"])]},
-        {"task_id": "L2/none", "traj_index": 0, "turns": [turn(0, None, None, correct=False)]},
-        {"task_id": "L2/old", "traj_index": 0, "turns": [turn(0, 2.0, None)]}]
-    text = kp.best_kernel_report(trajectories)
+        Trajectory("L1/matmul", 0, 0, 0, [turn(0, 0.1, PROFILES["matmul_tiled_h100"]),
+                                          turn(1, 9.0, None, flags=[{"code": "x"}]),
+                                          turn(2, 8.0, None, format_error="no code block")]),
+        Trajectory("L1/matmul", 1, 0, 0, [turn(0, 0.5, PROFILES["gemm_fused_spills_h100"])]),
+        Trajectory("L2/none", 0, 0, 0, [turn(0, None, None, correct=False)]),
+        Trajectory("L2/old", 0, 0, 0, [turn(0, 2.0, None)])]
+    text = best_kernel_report(trajectories)
     matmul, none, old = text.split("\n\n")
     assert matmul.startswith("L1/matmul: best kernel 0.50x (trajectory 1, turn 0, 1 ms)")
     assert "gemm_bias_relu_kernel<64, 64, 8>" in matmul and "reference: 2 launches" in matmul
