@@ -54,11 +54,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # sibling benchmark modules
+
+import worker_process  # noqa: E402
 
 GB = 1e9
 HBM = {"H100 80GB": 80 * GB, "H200 141GB": 141 * GB}
@@ -422,22 +424,13 @@ def trainer_table(results: list[dict], jax_fraction: float) -> str:
 def main(argv=None):
     args = parse_args(argv)
     if args.worker is not None:
-        print("AOT_RESULT " + json.dumps(worker(args)), flush=True)
+        worker_process.report(worker(args))
         return
     results = []
     for n in [int(x) for x in args.devices.split(",")]:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n)] + (argv or sys.argv[1:])
         start = time.time()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("AOT_RESULT ")]
-            if proc.returncode != 0 or not lines:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                results.append({"devices": n, "error": " | ".join(tail) or f"exit {proc.returncode}"})
-            else:
-                results.append(json.loads(lines[-1][len("AOT_RESULT "):]))
-        except subprocess.TimeoutExpired:
-            results.append({"devices": n, "error": f"timed out after {args.timeout}s"})
+        r = worker_process.run_case(__file__, str(n), argv or sys.argv[1:], args.timeout)
+        results.append({"devices": n, **r} if "error" in r else r)
         r = results[-1]
         if "trainer" in r:
             status = f"peak {r['trainer']['peak_bytes'] / GB:.1f} GB"

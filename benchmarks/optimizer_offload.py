@@ -43,11 +43,13 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # sibling benchmark modules
+
+import worker_process  # noqa: E402
 
 VARIANTS = ("resident", "pinned_host_layers", "pinned_host_whole", "host_compute", "host_backend")
 QWQ_PARAMS = 32_763_876_352
@@ -287,7 +289,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker is not None:
         variant, size = args.worker.split(":")
-        print("OFFLOAD_RESULT " + json.dumps(run_one(variant, float(size), args)), flush=True)
+        worker_process.report(run_one(variant, float(size), args))
         return
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -301,23 +303,15 @@ def main(argv=None):
             if time.time() - start > args.budget_s:
                 results.append({"variant": variant, "params_per_gpu": size * 1e9, "status": "skipped: budget"})
                 continue
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{variant}:{size}"] + passthrough
             t = time.time()
             # XLA's pinned-host pool per GPU holds the GPU's share of the state, as the trainer caps it
             # (kevin_jax.placement); its default (64 GiB) holds less than 8.2G parameters' 98 GB
             env = dict(os.environ, XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB=str(host_pool_gib(int(size * 1e9), 1)))
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-                lines = [l for l in proc.stdout.splitlines() if l.startswith("OFFLOAD_RESULT ")]
-                if lines:
-                    results.append(json.loads(lines[-1][len("OFFLOAD_RESULT "):]))
-                else:
-                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-                    results.append({"variant": variant, "params_per_gpu": size * 1e9,
-                                    "status": f"crashed (exit {proc.returncode}): {' | '.join(tail)[:200]}"})
-            except subprocess.TimeoutExpired:
-                results.append({"variant": variant, "params_per_gpu": size * 1e9,
-                                "status": f"timed out after {args.timeout}s"})
+            r = worker_process.run_case(__file__, f"{variant}:{size}", passthrough, args.timeout, env=env)
+            if "error" in r:
+                why = r["error"] if r["error"].startswith("timed out") else f"crashed ({r['error'][:200]})"
+                r = {"variant": variant, "params_per_gpu": size * 1e9, "status": why}
+            results.append(r)
             r = results[-1]
             print(f"[{variant} {size}G/GPU] {time.time() - t:.0f}s: {r.get('ms', '-')} ms, {r.get('status')}",
                   flush=True)

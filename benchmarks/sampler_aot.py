@@ -26,12 +26,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # sibling benchmark modules
+
+import worker_process  # noqa: E402
 
 GB = 1e9
 # HBM of the targets (their device_memory_size).
@@ -206,22 +207,13 @@ def table(results: list[dict], args) -> str:
 def main(argv=None):
     args = parse_args(argv)
     if args.worker is not None:
-        print("AOT_RESULT " + json.dumps(worker(args.worker, args)), flush=True)
+        worker_process.report(worker(args.worker, args))
         return
     results = []
     for node in args.nodes.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", node] + (argv or sys.argv[1:])
         start = time.time()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            found = [line for line in proc.stdout.splitlines() if line.startswith("AOT_RESULT ")]
-            if proc.returncode != 0 or not found:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                results.append({"node": node, "error": " | ".join(tail) or f"exit {proc.returncode}"})
-            else:
-                results.append(json.loads(found[-1][len("AOT_RESULT "):]))
-        except subprocess.TimeoutExpired:
-            results.append({"node": node, "error": f"timed out after {args.timeout}s"})
+        r = worker_process.run_case(__file__, node, argv or sys.argv[1:], args.timeout)
+        results.append({"node": node, **r} if "error" in r else r)
         r = results[-1]
         print(f"[{node}] {time.time() - start:.0f}s " + (f"peak {r['peak_bytes'] / GB:.1f} GB" if "peak_bytes" in r
                                                           else r["error"][:300]), flush=True)

@@ -48,14 +48,7 @@ class Scene:
 
     def traced(self, fn):
         """fn traced under the mesh's activation-sharding rules (what the engine's step functions do)."""
-        if self.mesh is None:
-            return fn
-
-        @functools.wraps(fn)
-        def wrapped(*args):
-            with parallel.activation_sharding(self.mesh):
-                return fn(*args)
-        return wrapped
+        return parallel.traced_with_activation_sharding(fn, self.mesh)
 
     @property
     def batch(self) -> int:

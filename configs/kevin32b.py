@@ -11,7 +11,7 @@ Command (one node; JAX and cuda_eval share its GPUs):
   python launch/train.py --config=configs/kevin32b.py --workdir=/ckpt/kevin32b \\
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
 (or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). The node's layout is chosen
-from the GPUs nvidia-smi lists (how many, how much memory each), or named after the file name:
+from the GPUs nvidia-smi lists (how many, how much memory each: kevin_jax/hardware.py), or named after the file name:
 --config=configs/kevin32b.py:h100x4 (h100x4, h100x8, h200x4, h200x8; 80 GB cards count as H100, 141 GB as H200).
 
 Which nodes fit (the memory plan: deviceless XLA:GPU compiles of the trainer's two programs, the micro-batch gradient
@@ -55,11 +55,9 @@ same command to resume.
 """
 import dataclasses
 import logging
-import os
-import shutil
-import subprocess
 
 from configs import common
+from kevin_jax import hardware
 
 log = logging.getLogger("configs.kevin32b")
 
@@ -99,37 +97,10 @@ LAYOUTS = {
 }
 
 
-def visible_gpus() -> tuple[int, int]:
-    """(number of GPUs this process may use, the smallest one's memory in GB) from nvidia-smi; (0, 0) without."""
-    if shutil.which("nvidia-smi") is None:
-        return 0, 0
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0, 0
-    memory = {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        chosen = [int(v) for v in visible.split(",") if v.strip().isdigit()]
-        memory = {i: m for i, m in memory.items() if i in chosen}
-    return len(memory), (min(memory.values()) * 1024 ** 2 // 10 ** 9 if memory else 0)
-
-
-def detect_layout() -> str:
-    count, gb = visible_gpus()
-    if count == 0:
-        return "h200x8"         # no GPU here (a CPU box parsing the config): the paper's node
-    kind = "h200" if gb >= 130 else "h100" if gb >= 75 else None
-    if kind is None or count not in (4, 8):
-        raise ValueError(f"configs/kevin32b.py: no layout for {count} GPU(s) of {gb} GB; QwQ-32B needs 4 or 8 GPUs of "
-                         f"80 GB or more ({', '.join(LAYOUTS)}); name one to override: "
-                         f"--config=configs/kevin32b.py:h200x8")
-    return f"{kind}x{count}"
-
-
 def get_config(layout: str = "auto"):
-    name = detect_layout() if layout in ("", "auto") else layout
+    # "auto": the layout of the GPUs nvidia-smi lists (the paper's 8 x H200 where there is none)
+    name = (hardware.detect_layout(LAYOUTS, config="configs/kevin32b.py", without_gpu="h200x8")
+            if layout in ("", "auto") else layout)
     if name not in LAYOUTS:
         raise ValueError(f"configs/kevin32b.py:{layout}: unknown layout; known: auto, {', '.join(LAYOUTS)}")
     node = LAYOUTS[name]

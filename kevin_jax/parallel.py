@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -185,6 +186,20 @@ def activation_sharding(mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> Iter
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def traced_with_activation_sharding(fn: Callable, mesh: Mesh | None) -> Callable:
+    """fn, traced under `mesh`'s activation-sharding rules (jit it: the model pins its activations through them while
+    it is traced); fn itself without a mesh."""
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        with activation_sharding(mesh):
+            return fn(*args)
+
+    return wrapped
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

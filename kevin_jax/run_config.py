@@ -216,29 +216,21 @@ def renamed_overrides(argv: Sequence[str]) -> list[str]:
     return out
 
 
-@dataclasses.dataclass
-class RunSpec:
-    """The typed form of a run config: one dataclass per section."""
-    model: ModelSource
-    model_options: ModelOptions
-    tokenizer: TokenizerConfig
-    tasks: TasksConfig
-    env: EnvConfig
-    reward: RewardConfig
-    advantage: AdvantageConfig
-    sampler: SamplerConfig
-    eval: EvalConfig
-    rl: RLConfig
-    optim: OptimConfig
-    mesh: ParallelConfig
-    gpu: GpuConfig
-    log: logs.LogConfig
-    ckpt: CheckpointConfig
-    holdout: HoldoutConfig
-    warm_start: WarmStartConfig
-    seed: int
-    total_steps: int
-    response_schedule: tuple[tuple[int, int], ...]
+def launch(main) -> None:
+    """The `__main__` of launch/*.py: log lines with their time and module, a renamed config field on the command line
+    refused by its new name (config_flags would only call the old name unknown), then absl's app.run(main)."""
+    import sys
+
+    from absl import app
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    renamed = renamed_overrides(sys.argv)
+    if renamed:
+        sys.exit("FATAL Flags parsing error: " + "; ".join(renamed))
+    app.run(main)
+
+
+class _RunSpecMethods:
+    """What a RunSpec computes from its sections (its fields come from SECTIONS and TOP_LEVEL: see RunSpec)."""
 
     def max_response_tokens(self, step: int) -> int:
         """env.max_response_tokens, raised/lowered from the steps named in response_schedule ("30:22528")."""
@@ -258,6 +250,30 @@ class RunSpec:
         if self.tokenizer.path == "model":
             return self.model.hf_checkpoint
         return self.tokenizer.path or None
+
+
+# A section read by several dataclasses is that many fields of RunSpec, named here; any other section is one field of
+# its own name.
+PART_NAMES = {"model": ("model", "model_options")}
+# The typed form of the top-level values (TOP_LEVEL's "30:22528" schedule text becomes ((30, 22528),)).
+TOP_LEVEL_TYPES = {"seed": int, "total_steps": int, "response_schedule": tuple[tuple[int, int], ...]}
+
+
+def _part_names(name: str, types: tuple[type, ...]) -> tuple[str, ...]:
+    names = PART_NAMES.get(name, (name,))
+    if len(names) != len(types):
+        raise TypeError(f"config section {name!r} has {len(types)} dataclass(es) but RunSpec names {names}")
+    return names
+
+
+# The typed form of a run config: one field per section dataclass (SECTIONS, in its order), then the top-level values.
+RunSpec = dataclasses.make_dataclass(
+    "RunSpec",
+    [(part, t) for name, types in SECTIONS.items() for part, t in zip(_part_names(name, types), types)]
+    + [(name, TOP_LEVEL_TYPES[name]) for name in TOP_LEVEL],
+    bases=(_RunSpecMethods,))
+RunSpec.__module__ = __name__
+RunSpec.__doc__ = "The typed form of a run config: one dataclass per section (SECTIONS), then the top-level values."
 
 
 def as_dict(config: Any) -> dict:
@@ -311,11 +327,7 @@ def parse_config(config: Any) -> RunSpec:
                          f"values: {sorted(TOP_LEVEL)}")
     built: dict[str, Any] = {}
     for name, types in SECTIONS.items():
-        parts = _build(types, as_dict(values.get(name, {})), name)
-        if name == "model":
-            built["model"], built["model_options"] = parts
-        else:
-            built[name] = parts[0]
+        built.update(zip(_part_names(name, types), _build(types, as_dict(values.get(name, {})), name)))
     for name in TOP_LEVEL:
         if name not in values:
             raise ValueError(f"config.{name} is missing")

@@ -49,8 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    renamed = run_config.renamed_overrides(sys.argv)     # config_flags would only call the old name unknown
-    if renamed:
-        sys.exit("FATAL Flags parsing error: " + "; ".join(renamed))
-    app.run(main)
+    run_config.launch(main)

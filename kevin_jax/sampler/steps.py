@@ -188,15 +188,7 @@ class StepFunctions:
 
     def _traced(self, fn):
         """Traces under the mesh's activation-sharding rules (the model pins activations through them)."""
-        if self.mesh is None:
-            return fn
-
-        @functools.wraps(fn)
-        def wrapped(*args):
-            with parallel.activation_sharding(self.mesh):
-                return fn(*args)
-
-        return wrapped
+        return parallel.traced_with_activation_sharding(fn, self.mesh)
 
     # ------------------------------------------------------------------ weights
     def _weights(self, params, copy: bool) -> layout.SamplerWeights:

@@ -92,9 +92,10 @@ def test_the_recipe_departs_from_the_defaults_only_where_it_says_so():
                           ("sampler", "kv_cache_fraction")}
 
 
-# What each config file starts from: its departures are the fields it sets.
-PARENT = {"kevin32b": "common", "one_gpu": "common", "tiny_cpu": "common", "single_turn": "kevin32b",
-          "warm_start_demo": "one_gpu"}
+# What each config file starts from: its departures are the fields it sets (configs/common.py's base() starts from the
+# section dataclasses' defaults).
+PARENT = {"common": "defaults", "kevin32b": "common", "one_gpu": "common", "tiny_cpu": "common",
+          "single_turn": "kevin32b", "warm_start_demo": "one_gpu"}
 
 
 def _flat(config, prefix=""):
@@ -108,13 +109,15 @@ def _flat(config, prefix=""):
 def _built(name: str, layout: str):
     import importlib
 
+    if name == "defaults":
+        return run_config.default_config()
     module = importlib.import_module(f"configs.{name}")
     if name == "common":
         return module.base()
     return module.get_config(layout) if name in CONFIG_ARG else module.get_config()
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", ("common",) + CONFIGS)
 def test_config_files_set_only_their_departures(name):
     """Every `c.<section>.<field> = ...` of a config file changes what it starts from (configs/common.py's base() or
     the config it builds on) for at least one node layout: nothing repeats a default or the recipe."""
@@ -259,18 +262,21 @@ def test_kevin32b_layouts_fit_the_node():
                                           ((4, 150), "h200x4"), ((8, 150), "h200x8")])
 def test_kevin32b_detects_the_node(monkeypatch, gpus, layout):
     from configs import kevin32b
+    from kevin_jax import hardware
 
-    monkeypatch.setattr(kevin32b, "visible_gpus", lambda: gpus)
-    assert kevin32b.detect_layout() == layout
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: gpus)
+    assert kevin32b.get_config("auto").optim.grad_dtype == kevin32b.LAYOUTS[layout].grad_dtype
+    assert hardware.detect_layout(kevin32b.LAYOUTS, config="configs/kevin32b.py", without_gpu="h200x8") == layout
 
 
 @pytest.mark.parametrize("gpus", [(1, 85), (2, 150), (8, 40)])
 def test_kevin32b_refuses_a_node_it_cannot_fit(monkeypatch, gpus):
     from configs import kevin32b
+    from kevin_jax import hardware
 
-    monkeypatch.setattr(kevin32b, "visible_gpus", lambda: gpus)
-    with pytest.raises(ValueError, match="no layout for"):
-        kevin32b.detect_layout()
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: gpus)
+    with pytest.raises(ValueError, match="configs/kevin32b.py: no layout for"):
+        kevin32b.get_config()
 
 
 def test_config_files_do_not_import_jax():
