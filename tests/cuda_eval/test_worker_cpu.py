@@ -149,7 +149,7 @@ def test_the_attacks_on_the_judge_get_their_verdicts(cpu_results):
                                            ("memo_sampled_inputs", "honest_matmul"),
                                            ("aten_when_untraced", "honest_relu")])
 def test_a_forged_speed_is_not_rewarded(cpu_results, attack, honest):
-    """The speed attacks of the timing red team, each beside the honest kernel it starts from (docs/EVALUATOR.md,
+    """The speed attacks on the timing, each beside the honest kernel it starts from (docs/EVALUATOR.md,
     "Trust boundary"). Before the judge-driven protocol: clock_alias 19x the honest relu's speedup, memo_sampled_inputs
     ~9000x the honest matmul's, aten_when_untraced 46x, forge_timer 340x. Now the forged clock is capped by the
     worker's CPU time, the memo never meets the same inputs twice, and no call runs untraced."""

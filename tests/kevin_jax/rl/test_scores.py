@@ -60,7 +60,7 @@ def test_speedup_transforms():
         assert kernel_score(verdict(speedup=s), RewardConfig()) == pytest.approx(0.3)
 
 
-def test_sum_returns_match_the_issue_example():
+def test_sum_returns_match_a_worked_example():
     r = discounted_returns([0.0, 0.0, 1.3], RewardConfig(gamma=0.4))
     np.testing.assert_allclose(r, [0.208, 0.52, 1.3], rtol=0, atol=1e-12)
 
