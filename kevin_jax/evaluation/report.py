@@ -1,8 +1,9 @@
 """Showing an evaluation: rich console tables (also saved as text), the JSON of every number, TensorBoard scalars and
 PNG plots (correctness and performance vs turns, best@k vs k, fixed-budget bars).
 
-All functions read the plain dict of `metrics.compute_metrics`; percentages are shown for 0/1 metrics (correct,
-compiled, fast_p) and "1.23x" for performance (mean over tasks of the fastest correct kernel's speedup, 0 if none).
+All functions but `best_kernel_report` (each task's best kernel with its profile, from the trajectories) read the plain
+dict of `metrics.compute_metrics`; percentages are shown for 0/1 metrics (correct, compiled, fast_p) and "1.23x" for
+performance (mean over tasks of the fastest correct kernel's speedup, 0 if none).
 """
 from __future__ import annotations
 
