@@ -285,7 +285,8 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None):
-    from kevin_jax.placement import host_pool_gib   # no jax
+    from kevin_jax.model.shapes import named_config   # no jax
+    from kevin_jax.placement import host_pool_gib
     args = parse_args(argv)
     if args.worker is not None:
         variant, size = args.worker.split(":")
@@ -306,7 +307,8 @@ def main(argv=None):
             t = time.time()
             # XLA's pinned-host pool per GPU holds the GPU's share of the state, as the trainer caps it
             # (kevin_jax.placement); its default (64 GiB) holds less than 8.2G parameters' 98 GB
-            env = dict(os.environ, XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB=str(host_pool_gib(int(size * 1e9), 1)))
+            arch = dataclasses.replace(named_config(args.model), num_hidden_layers=_layers_for(args.model, size, 1))
+            env = dict(os.environ, XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB=str(host_pool_gib(arch, 1)))
             r = worker_process.run_case(__file__, f"{variant}:{size}", passthrough, args.timeout, env=env)
             if "error" in r:
                 why = r["error"] if r["error"].startswith("timed out") else f"crashed ({r['error'][:200]})"

@@ -27,12 +27,15 @@ state on the GPU leaves of the pool; cuda_eval has the rest of each GPU.
   h100x4  host RAM         bfloat16      70.7 / 76.5 / 85.8 / 93.8 (12k: 66.7)    72       56          8
 (Compiled for the H100; the H200 target adds 1.1-1.6 GB in the two cases checked.) The state on the GPUs instead
 (optim.offload=none, 8 x H200): 103 / 108.5 / 118.2 / 126.2 GB, over the pool at 40k rows, so every layout keeps
-the float32 master weights and AdamW moments in host RAM (393 GB, in pinned pools of 440 GiB on 4 GPUs: a 512 GB
-node keeps ~63 GiB for the trainer, cuda_eval's processes and the kernel; streamed through the GPUs once per update,
-a few seconds).
+the float32 master weights and AdamW moments in host RAM, the first moment in bf16 (optim.mu_dtype: 328 GB, in
+pinned pools of 336 GiB on 4 GPUs, 344 on 8, sized by kevin_jax/placement.py's model of XLA's allocator; streamed
+through the GPUs once per update, a few seconds). Host memory by part (GiB; the trainer's 40 measured on 4 GPUs):
+  node             pools  trainer  evaluator (GPUs, spares each, builds)  checkpoint  kernel + floor  left
+  4 GPUs, 503 GiB  336    40       40.2 (4, 1, 6 builds of 4.3)           7.5         15.1            64
+  8 GPUs, 560 GiB  344    40       69.6 (8, 2, 8 builds of 4.3)           7.5         16.8            82
 h100x4 cannot hold Kevin's rows: its layout caps them at 12,288 tokens (env.max_prompt_tokens=4096,
 env.max_response_tokens=8192 throughout; a departure from the recipe, logged at start). The others run the recipe as
-published. Checkpoints need a volume of 393 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
+published. Checkpoints need a volume of 328 GB x (ckpt.max_to_keep + 1) (--config.ckpt.dir; the trainer checks the
 free space at start): a 4-GPU node's 235 GB local disk holds none.
 
 What to expect, measured with random weights (docs/LOG.md, "Kevin-32B's first full-size updates" and the entries it
@@ -42,7 +45,8 @@ HBM per GPU at the peak, 493 of 503 GiB of host memory in use (10.8 GiB availabl
 reaches 59-61% of the bandwidth roofline (4 x H200 / 4 x H100), prefill 13k tok/s (4 x H100). The h100x4 layout's
 full-depth update has not run. One full step, projected from those rates (512 samples of ~3k prompt + ~6k response
 tokens; arithmetic in docs/LOG.md, "the host budget recalibrated"): ~3 h on 4 x H100 or 4 x H200, bound by the
-evaluator's builds (512 of them, one at a time beside the pinned pools of a 512 GB node: ~150 min), the two updates
+evaluator's builds (512 of them, one at a time beside float32 moments' pools of 440 GiB: ~150 min; 6 at a time
+beside the bf16 first moment's 336 GiB, as the layouts now run but no GPU has yet: ~21 min), the two updates
 ~34 min at the measured 24% MFU and decoding ~17-30 min; ~33 min on 8 x H200 (decoding ~8 min and 8 builds at once
 ~16 min side by side, then the updates ~17 min), bound by the updates. The plan written before these runs (~1.5 h on
 4 x H200, bound by the updates) assumed longer samples (~4k + 12k tokens), 40% MFU and no limit on builds.
@@ -72,28 +76,21 @@ class Layout:
     max_row_tokens: int = 0     # 0 = the recipe's (prompt 16k + response 22k, QwQ's 40k context)
     eval_spares: int = 2        # eval.spare_workers per GPU
     eval_builds: int = 8        # eval.compile_workers
-    eval_devices: str = "all"   # eval.devices: the GPUs that also run the candidates' kernels
     ckpt_concurrent_gb: int = 8  # ckpt.concurrent_gb: a checkpoint's bytes in host memory at once
-    eval_parallel_phases: bool = True  # eval.compile_parallel_phases (False: a build holds half the memory)
 
 
-# The evaluator shares the host with the optimiser state's pinned pools (440 GiB on 4 GPUs, 448 on 8):
-# kevin_jax/placement.py counts them, the trainer, the evaluator's processes, the kernel's share and the floor the
-# trainer stops at against the host's RAM, and refuses what does not fit (cuda_eval's defaults, 8 spare workers per
-# GPU and a build per core, filled a 512 GB 4-GPU host and it thrashed). Builds bound a full step (the docstring's
-# projection) while one GPU's slots keep up with them (1-4 s a job, a spare worker saving each job a worker's
-# start), and a build holds up to 4.3 GiB with its phases side by side, 2.1 GiB one after the other: the 4-GPU
-# layouts run the candidates' kernels on one GPU with 1 spare worker, one build at a time with its phases in turn,
-# and checkpoints written 1 GB at a time (1.3 GiB left of a "512 GB" node's 503 GiB). Each 2 GiB freed on a 4-GPU
-# host buys a build. 8-GPU nodes need ~583 GiB with every GPU evaluating, 2 spares, 8 builds and 8 GB of checkpoint
-# in flight (DGX-class nodes have 2 TB; the 8-GPU figures are the 4-GPU run's parts, not measured on 8).
+# The evaluator shares the host with the optimiser state's pinned pools (336 GiB on 4 GPUs, 344 on 8, with the first
+# moment in bf16): kevin_jax/placement.py counts them, the trainer, the evaluator's processes, the kernel's share and
+# the floor the trainer stops at against the host's RAM, and refuses what does not fit. Builds bound a full step
+# unless enough run at once to hide evaluation under sampling: 512 builds of ~15 s take ~21 min 6 at a time (the
+# 4-GPU nodes' ~17-30 min of sampling), ~16 min 8 at a time (8-GPU nodes); each build holds up to 4.3 GiB with its
+# phases side by side. Every GPU runs candidates' kernels. A 4-GPU node of 503 GiB keeps 64 GiB beyond this layout
+# (another build per 4.3 GiB), an 8-GPU node of 560 GiB 82.
 LAYOUTS = {
     "h200x8": Layout(8, 141, "pinned_host", "float32", 0.85),
     "h100x8": Layout(8, 80, "pinned_host", "bfloat16", 0.90),
-    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=1, eval_devices="0",
-                     ckpt_concurrent_gb=1, eval_parallel_phases=False),
-    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=1,
-                     eval_devices="0", ckpt_concurrent_gb=1, eval_parallel_phases=False),
+    "h200x4": Layout(4, 141, "pinned_host", "float32", 0.85, eval_spares=1, eval_builds=6),
+    "h100x4": Layout(4, 80, "pinned_host", "bfloat16", 0.90, max_row_tokens=12288, eval_spares=1, eval_builds=6),
 }
 
 
@@ -115,12 +112,11 @@ def get_config(layout: str = "auto"):
     c.rl.logprob_chunk = 512
     c.optim.offload = node.offload
     c.optim.grad_dtype = node.grad_dtype
+    c.optim.mu_dtype = "bfloat16"           # 2 bytes a parameter of host memory less (the drift: OptimConfig)
     c.gpu.jax_memory_fraction = node.jax_memory_fraction
     c.eval.spare_workers = node.eval_spares
     c.eval.compile_workers = node.eval_builds
-    c.eval.devices = node.eval_devices
     c.ckpt.concurrent_gb = node.ckpt_concurrent_gb
-    c.eval.compile_parallel_phases = node.eval_parallel_phases
     c.eval.compile_pch_at_start = True      # before the optimiser state fills the host, not beside a build later
     if node.max_row_tokens:
         c.env.max_prompt_tokens = 4096

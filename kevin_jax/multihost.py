@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from kevin_jax import parallel
+from kevin_jax import parallel, placement
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,9 @@ def build_meshes(config: parallel.ParallelConfig) -> tuple[Mesh, Mesh]:
     processes = jax.process_count()
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     local = [d for d in devices if d.process_index == jax.process_index()]
-    if config.data == 1 and config.fsdp == -1:
-        config = parallel.ParallelConfig(data=processes, fsdp=-1, tensor=config.tensor)
+    resolved = placement.multihost_mesh(config, processes)       # the mesh placement sized the host pools for
+    if resolved != config:
+        config = resolved
         log.info("multi-host: %d processes, so mesh.data=%d (one parameter replica per host)", processes, processes)
     data, fsdp, tensor = parallel.mesh_shape(config, len(devices))
     replica = fsdp * tensor

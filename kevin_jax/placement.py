@@ -101,6 +101,22 @@ def mesh_shape(config: ParallelConfig, num_devices: int) -> tuple[int, int, int]
     return sizes["data"], sizes["fsdp"], sizes["tensor"]
 
 
+def multihost_mesh(config: ParallelConfig, processes: int) -> ParallelConfig:
+    """The mesh section as a run of `processes` hosts lays it out (kevin_jax.multihost.build_meshes): left at its
+    default (data=1, fsdp=-1), the data axis spans the hosts, one parameter replica per host (each host samples
+    with its own); anything else as given."""
+    if processes > 1 and config.data == 1 and config.fsdp == -1:
+        return dataclasses.replace(config, data=processes)
+    return config
+
+
+def state_shards(config: ParallelConfig, jax_gpus: int, processes: int) -> int:
+    """How many ways the parameters, and so an offloaded optimiser state, are split: fsdp x tensor of the mesh a run
+    of `processes` hosts of `jax_gpus` GPUs each builds (data-parallel replicas hold a whole share each)."""
+    _, fsdp, tensor = mesh_shape(multihost_mesh(config, processes), jax_gpus * processes)
+    return fsdp * tensor
+
+
 def process_count(config: ParallelConfig, environ: dict | None = None) -> int:
     """Processes (hosts) of the run: mesh.num_processes, else what a cluster manager says (SLURM, Open MPI), else 1.
     A coordinator address with no count cannot be resolved before jax.distributed starts: refused."""
@@ -144,12 +160,93 @@ def host_memory_gib() -> int:
     return host_memory_total() >> 30
 
 
-# The pinned-host pool of each GPU for an offloaded optimiser state (optim.offload="pinned_host").
-HOST_STATE_BYTES_PER_PARAM = 12   # float32 master weights and AdamW's two float32 moments (kevin_jax.rl.offload)
-HOST_POOL_SLACK = 1.18            # the pool's room beyond the GPU's share of the state: the pool grows by regions of
-#   doubling size and a leaf never spans two, so regions end part-empty; a model of XLA's allocator placing QwQ-32B's
-#   leaves (tests/kevin_jax/test_host_pool.py) needs 1.07-1.16x the share, depending on the order of the leaves
-HOST_POOL_EXTRA_GIB = 1           # ... plus this (rounding; staged transfers have a pool of their own)
+# The pinned-host pool of each GPU for an offloaded optimiser state (optim.offload="pinned_host"), sized by a model of
+# XLA's allocator placing the state's buffers (pool_fits): XLA's pinned-host pools are TF's BFC allocator with
+# growth, regions of doubling size taken from the host up to the cap, a buffer never spanning two, so regions end
+# part-empty and the pool needs more than the state. The pool then takes its whole cap (the last region takes what
+# is left up to it: 4 x 110 GiB in use on 4 x H200 for a 366 GiB state, docs/LOG.md 2026-11-27), so the cap is what
+# the host gives the pools: sized to the allocations, not the share with slack.
+POOL_FIRST_REGION = 2 << 20          # tsl BFCAllocator: the first region, doubled at each growth
+POOL_MIN_ALLOCATION = 256            # kMinAllocationSize
+POOL_MAX_INTERNAL_FRAGMENTATION = 128 << 20
+RESTORE_ORDERS = 30                  # a restore allocates in orbax's order, not ours: the cap holds this many
+#                                      seeded orders of the buffers (QwQ-32B, 4 GPUs, bf16 mu: 77 GiB fresh, up to 85)
+HOST_POOL_EXTRA_GIB = 1              # rounding; staged transfers have a pool of their own
+
+
+def pool_fits(sizes: list[int], limit: int) -> bool:
+    """Whether buffers of `sizes` bytes (allocated in this order, none freed) fit a growing BFC pool capped at `limit`
+    bytes: best fit over free chunks, a free chunk split only when the rest is worth keeping (TF's rule), a new region
+    of doubling size when none fits (doubled until it holds the buffer), the last one whatever the cap leaves. A model
+    of XLA's allocator, checked against its source by review and at full size by the runs it sized (docs/LOG.md)."""
+    free: list[int] = []
+    total, region = 0, POOL_FIRST_REGION
+    for size in sizes:
+        need = -(-size // POOL_MIN_ALLOCATION) * POOL_MIN_ALLOCATION
+        fits = [c for c in free if c >= need]
+        if not fits:
+            available = limit - total
+            if need > available:
+                return False
+            grew = False
+            while need > region:
+                region *= 2
+                grew = True
+            got = min(region, available)
+            total += got
+            free.append(got)
+            if not grew:
+                region *= 2
+            fits = [got]
+        chunk = min(fits)
+        free.remove(chunk)
+        if chunk >= 2 * need or chunk - need >= POOL_MAX_INTERNAL_FRAGMENTATION:
+            free.append(chunk - need)
+    return True
+
+
+def least_pool_gib(sizes: list[int]) -> int:
+    """The smallest whole-GiB cap under which pool_fits(sizes)."""
+    lo, hi = 1, max(2, -(-2 * sum(sizes) // (1 << 30)) + 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pool_fits(sizes, mid << 30):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def state_buffers(arch: Any, shards: int, mu_bytes: int = 4) -> list[tuple[int, bool]]:
+    """(bytes per GPU, outside the layer stack) of each host buffer of the offloaded state (kevin_jax.rl.offload), in
+    the trees' order: the float32 master weights, the first moment (mu_bytes a parameter, optim.mu_dtype), the float32
+    second moment; each the embedding, final norm, layer stack ([num_layers, ...] leaves) and LM head, matrices
+    sharded `shards` ways, biases and norm scales replicated (kevin_jax.model.qwen2's shardings)."""
+    h, d, layers = arch.hidden_size, arch.head_dim, arch.num_hidden_layers
+    q, kv, i = arch.num_attention_heads * d, arch.num_key_value_heads * d, arch.intermediate_size
+    stacked = [layers * n // shards for n in (h * q, h * kv, h * kv, q * h, h * i, h * i, i * h)]
+    stacked += [layers * n for n in (q, kv, kv, h, h)]
+    table = arch.vocab_size * h // shards
+    counts = [(table, True), (h, True)] + [(n, False) for n in stacked]
+    counts += [] if arch.tie_word_embeddings else [(table, True)]
+    return [(n * b, rest) for b in (4, mu_bytes, 4) for n, rest in counts]
+
+
+def host_pool_gib(arch: Any, shards: int, mu_bytes: int = 4) -> int:
+    """GiB of XLA's pinned-host pool per GPU for its share of an offloaded state (state_buffers), by the allocator
+    model: the most any of these orders needs, followed by the optimiser step's new buffers of the parameters outside
+    the layer stack (written whole, maybe beside the old ones; the layers' are written in place): the fresh build
+    (largest first: kevin_jax.rl.offload.init_state), the trees' order and RESTORE_ORDERS seeded orders (a
+    restore's)."""
+    import random
+    buffers = state_buffers(arch, shards, mu_bytes)
+    state = [n for n, _ in buffers]
+    update = [n for n, rest in buffers if rest]
+    rng = random.Random(0)
+    orders = [sorted(state, reverse=True), state] + [rng.sample(state, len(state)) for _ in range(RESTORE_ORDERS)]
+    return max(least_pool_gib(order + update) for order in orders) + HOST_POOL_EXTRA_GIB
+
+
 # Host memory beside the pools, by part (estimates calibrated on runs, not a model). At full size on 4 x H200 (503
 # GiB; docs/LOG.md, 2026-11-27, "the host budget recalibrated"): 493 GiB in use through two RL steps beside 440 GiB of
 # pools at their caps and an idle evaluator of 4 processes (~3.4 GiB), so the trainer and the kernel's share took ~50
@@ -202,13 +299,6 @@ class EvaluatorFootprint:
                 + self.compile_workers * self.build_gib)
 
 
-def host_pool_gib(param_count: int, state_shards: int) -> int:
-    """GiB of XLA's pinned-host pool per GPU that holds its share of an offloaded state of `param_count` parameters
-    sharded `state_shards` ways."""
-    share = param_count * HOST_STATE_BYTES_PER_PARAM / max(1, state_shards)
-    return -(-int(share * HOST_POOL_SLACK) // (1 << 30)) + HOST_POOL_EXTRA_GIB
-
-
 def host_budget_gib(pool_gib: int, jax_gpus: int, evaluator: EvaluatorFootprint, ram_gib: int,
                     floor: float = 0.0, checkpoint_gib: float = 0.0) -> dict:
     """Host memory of an offloaded run by part, GiB: the pinned pools (they grow to their caps), the trainer, the
@@ -219,26 +309,29 @@ def host_budget_gib(pool_gib: int, jax_gpus: int, evaluator: EvaluatorFootprint,
     return {**parts, "left": ram_gib - sum(parts.values())}
 
 
-def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
+def _offload_pool(arch: Any, mu_dtype: str, jax_gpus: int, mesh: ParallelConfig | None,
                   environ: dict | None, evaluator: EvaluatorFootprint, floor: float,
                   checkpoint_gib: float = 0.0) -> dict[str, str]:
-    """The cap of XLA's pinned-host pool of each GPU for an offloaded state: its share of the state and room for the
-    allocator's growth. XLA's default (64 GiB per GPU) holds less than one GPU's share of QwQ-32B on 4 GPUs (91.5
-    GiB); uncapped, each pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on 4 x H100 (503
-    GiB) the four pools took 472 GiB for a 366 GiB state and the kernel's OOM killer ended the run (docs/LOG.md,
-    2026-11-27, "4 x H100, second run"). The pools grow on demand up to the cap (preallocation would also give XLA's
-    staging pool the same size: one pool more than the GPUs). A state the host cannot hold beside the trainer and
-    the evaluator is refused here."""
+    """The cap of XLA's pinned-host pool of each GPU for an offloaded state: what the allocator model needs to place
+    the GPU's share of the state (host_pool_gib). XLA's default (64 GiB per GPU) holds less than one GPU's share of
+    QwQ-32B on 4 GPUs; uncapped, each pool reserves regions of doubling size (64 GiB at a time near 100 GiB): on 4
+    x H100 (503 GiB) the four pools took 472 GiB for a 366 GiB state and the kernel's OOM killer ended the run
+    (docs/LOG.md, 2026-11-27, "4 x H100, second run"). The pools grow on demand up to the cap (preallocation would
+    also give XLA's staging pool the same size: one pool more than the GPUs). A state the host cannot hold beside
+    the trainer and the evaluator is refused here."""
+    from kevin_jax.rl.config import MOMENT_BYTES     # no jax
     mesh = mesh or ParallelConfig()
     processes = process_count(mesh, environ)
-    _, fsdp, tensor = mesh_shape(mesh, jax_gpus * processes)
-    pool = host_pool_gib(param_count, fsdp * tensor)
+    shards = state_shards(mesh, jax_gpus, processes)
+    bytes_per_param = 4 + MOMENT_BYTES[mu_dtype] + 4
+    pool = host_pool_gib(arch, shards, MOMENT_BYTES[mu_dtype])
     ram = host_memory_gib()
     budget = host_budget_gib(pool, jax_gpus, evaluator, ram, floor, checkpoint_gib)
     if budget["left"] < 0:
         raise ValueError(
-            f"optim.offload='pinned_host': the optimiser state ({param_count * HOST_STATE_BYTES_PER_PARAM / 1e9:.0f} "
-            f"GB: float32 master weights and two AdamW moments, sharded {fsdp * tensor} ways) needs a pinned-host "
+            f"optim.offload='pinned_host': the optimiser state ({arch.param_count() * bytes_per_param / 1e9:.0f} GB: "
+            f"float32 master weights, AdamW's first moment in {mu_dtype} and its float32 second moment, sharded "
+            f"{shards} ways) needs a pinned-host "
             f"pool of {pool} GiB on each of this host's {jax_gpus} GPUs ({budget['pools']} GiB); with the trainer "
             f"({budget['trainer']} GiB), the evaluator ({evaluator.gpus} GPU(s) with {evaluator.spares} spare "
             f"worker(s) each, {evaluator.compile_workers} build(s) at once: {budget['evaluator']:.0f} GiB), a "
@@ -247,7 +340,8 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
             f"GiB, gpu.host_memory_floor) that is {ram - budget['left']:.0f} GiB, and this machine has "
             f"{ram} GiB: set eval.spare_workers, eval.compile_workers or ckpt.concurrent_gb lower, build with "
             f"eval.compile_parallel_phases=False (half the memory a build), evaluate on fewer GPUs (eval.devices), "
-            f"shard the state over more GPUs or hosts (mesh), or use optim.offload=none")
+            f"store the first moment in bf16 (optim.mu_dtype), shard the state over more GPUs (mesh), or use "
+            f"optim.offload=none")
     log.info("host memory of the offloaded run, GiB: pinned pools %d (%d per GPU), trainer %d, evaluator %.1f, "
              "checkpoint %.1f, kernel %.1f, floor %.1f; %.1f of %d left", budget["pools"], pool, budget["trainer"],
              budget["evaluator"], budget["checkpoint"], budget["kernel"], budget["floor"], budget["left"], ram)
@@ -255,15 +349,16 @@ def _offload_pool(param_count: int, jax_gpus: int, mesh: ParallelConfig | None,
 
 
 def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, environ: dict | None = None,
-                        offload: str = "none", param_count: int = 0,
+                        offload: str = "none", arch: Any = None, mu_dtype: str = "float32",
                         mesh: ParallelConfig | None = None,
                         evaluator: EvaluatorFootprint | None = None, checkpoint_gib: float = 0.0) -> dict[str, str]:
     """Sets JAX's device list and memory settings in `environ` (default os.environ); returns what it set.
 
-    offload, param_count, mesh: optim.offload, the policy's parameter count and the mesh section; evaluator: the
+    offload, arch, mu_dtype, mesh: optim.offload, the policy's architecture (kevin_jax.model.shapes.Qwen2Config),
+    optim.mu_dtype and the mesh section; evaluator: the
     evaluator's processes (default: a judge per GPU of eval_devices, nothing else); checkpoint_gib: the host memory
     a checkpoint in progress holds (ckpt.concurrent_gb). With the optimiser state in pinned
-    host memory each GPU's pinned-host pool is capped at its share of the state and the allocator's room to grow
+    host memory each GPU's pinned-host pool is capped at what the allocator needs to place its share of the state
     (_offload_pool); a state the machine cannot hold beside the trainer and the evaluator is refused here, before any
     work."""
     environ = os.environ if environ is None else environ
@@ -277,11 +372,11 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
             raise ValueError(f"gpu.jax_devices names GPU(s) {bad} but {num_gpus} are visible")
         # JAX_CUDA_VISIBLE_DEVICES restricts JAX only; CUDA_VISIBLE_DEVICES would hide GPUs from cuda_eval's workers.
         changes["JAX_CUDA_VISIBLE_DEVICES"] = ",".join(map(str, jax_list))
-    if offload == "pinned_host" and param_count:
+    if offload == "pinned_host" and arch is not None:
         if evaluator is None:
             eval_list = parse_indices(eval_devices, "eval.devices")
             evaluator = EvaluatorFootprint(len(eval_list) if eval_list is not None else num_gpus)
-        changes.update(_offload_pool(param_count, len(jax_list) if jax_list is not None else num_gpus, mesh,
+        changes.update(_offload_pool(arch, mu_dtype, len(jax_list) if jax_list is not None else num_gpus, mesh,
                                      environ, evaluator, config.host_memory_floor, checkpoint_gib))
     shared = shared_gpus(config.jax_devices, eval_devices, num_gpus)
     if shared:
@@ -301,13 +396,13 @@ def apply_gpu_placement(config: GpuConfig, eval_devices: Any, num_gpus: int, env
 
 def place_run(config: Any, num_gpus: int, environ: dict | None = None) -> dict[str, str]:
     """apply_gpu_placement for a run's config (sections gpu, eval, optim, model, mesh), before JAX starts."""
-    param_count, evaluator, checkpoint_gib = 0, None, 0.0
+    arch, evaluator, checkpoint_gib = None, None, 0.0
     if config.optim.offload == "pinned_host" and num_gpus:
         from kevin_jax.model import shapes   # no jax
-        param_count = shapes.architecture_of(config.model.hf_checkpoint, config.model.shape).param_count()
+        arch = shapes.architecture_of(config.model.hf_checkpoint, config.model.shape)
         evaluator = EvaluatorFootprint.of(config.eval, num_gpus)
         checkpoint_gib = config.ckpt.concurrent_gb * 1e9 / 2**30 if config.ckpt.enabled else 0.0
     return apply_gpu_placement(GpuConfig(**config.gpu), config.eval.devices, num_gpus, environ,
-                               offload=config.optim.offload, param_count=param_count,
+                               offload=config.optim.offload, arch=arch, mu_dtype=config.optim.mu_dtype,
                                mesh=ParallelConfig(**config.mesh), evaluator=evaluator,
                                checkpoint_gib=checkpoint_gib)

@@ -499,14 +499,23 @@ def _stream(reader: _Reader, plan: list[_Placement], targets: dict, max_host_byt
         values[p.key] = _placer(p.kind, p.ours_shape, dtype, sharding, True)(values[p.key], x, np.int32(p.layer))
         layers_written[p.key] += 1
 
-    pending: collections.deque = collections.deque()
+    # Bytes in flight: a tensor counts from its read until the step that places it has run, not only until it is
+    # handed to that step: dispatch is asynchronous, and the step holds its input (on the CPU backend the input's
+    # buffers are the host slices themselves) until it runs, which on a busy machine is several tensors later.
+    pending: collections.deque = collections.deque()       # (placement, future of its read)
+    placing: collections.deque = collections.deque()       # (bytes, parameter key) handed to their placing step
     in_flight = 0
 
-    def consume_oldest() -> None:
+    def retire_oldest() -> None:
         nonlocal in_flight
+        nbytes, key = placing.popleft()
+        values[key].block_until_ready()    # the parameter's latest write: it runs after every earlier one of it
+        in_flight -= nbytes
+
+    def consume_oldest() -> None:
         p, future = pending.popleft()
         place(p, future.result())
-        in_flight -= p.host_bytes
+        placing.append((p.host_bytes, p.key))
         stats.tensors += 1
         stats.bytes_read += p.host_bytes
         filename = reader.weight_map[p.name]
@@ -517,13 +526,19 @@ def _stream(reader: _Reader, plan: list[_Placement], targets: dict, max_host_byt
     with concurrent.futures.ThreadPoolExecutor(read_threads, thread_name_prefix="hf-read") as pool:
         try:
             for p in plan:
-                while pending and (in_flight + p.host_bytes > max_host_bytes or len(pending) >= 2 * read_threads):
+                while placing and values[placing[0][1]].is_ready():      # retire what has run, not waiting
+                    retire_oldest()
+                while pending and len(pending) >= 2 * read_threads:
                     consume_oldest()
+                while (pending or placing) and in_flight + p.host_bytes > max_host_bytes:
+                    retire_oldest() if placing else consume_oldest()
                 pending.append((p, pool.submit(read, p)))
                 in_flight += p.host_bytes
                 stats.peak_host_bytes = max(stats.peak_host_bytes, in_flight)
             while pending:
                 consume_oldest()
+            while placing:
+                retire_oldest()
         finally:
             for _, future in pending:
                 future.cancel()

@@ -9,6 +9,8 @@ LOSS_AGGREGATIONS = ("constant_length", "token_mean", "sequence_mean")
 OLD_LOGPROBS = ("sampler", "trainer")
 OFFLOAD_MODES = ("none", "pinned_host")          # kevin_jax.rl.offload
 GRAD_DTYPE_NAMES = ("float32", "bfloat16")       # kevin_jax.rl.state.GRAD_DTYPES
+MU_DTYPE_NAMES = ("float32", "bfloat16")         # optim.mu_dtype (kevin_jax.rl.state.MU_DTYPES)
+MOMENT_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 @dataclasses.dataclass
@@ -96,6 +98,10 @@ class OptimConfig:
     grad_dtype: dtype of the gradient sum over micro-batches on the GPUs: "float32", or "bfloat16" (half the
       memory, for nodes where float32 gradients do not fit: each micro-batch's gradient is added in bf16, relative
       rounding ~2^-9 per addition; needs offload, whose update reads the sum in float32).
+    mu_dtype: dtype AdamW stores its first moment in (optax's mu_dtype): "float32", or "bfloat16" (2 bytes a
+      parameter less; the step's arithmetic stays float32, only the stored EMA is rounded, and its error stays
+      within ~b1 / (1 - b1) roundings of bf16, ~3.5% of the moment: tests/kevin_jax/rl/test_moment_dtype.py). The
+      second moment stays float32 (with b2 = 0.999 a bf16 EMA cannot move: 1 - b2 is under bf16's rounding).
     """
     learning_rate: float = 2e-6
     warmup_fraction: float = 0.03
@@ -106,6 +112,7 @@ class OptimConfig:
     grad_clip_norm: float = 0.05
     offload: str = "none"
     grad_dtype: str = "float32"
+    mu_dtype: str = "float32"
 
     def __post_init__(self):
         if self.learning_rate <= 0:
@@ -118,7 +125,15 @@ class OptimConfig:
             raise ValueError(f"optim.offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
         if self.grad_dtype not in GRAD_DTYPE_NAMES:
             raise ValueError(f"optim.grad_dtype must be one of {GRAD_DTYPE_NAMES}, got {self.grad_dtype!r}")
+        if self.mu_dtype not in MU_DTYPE_NAMES:
+            raise ValueError(f"optim.mu_dtype must be one of {MU_DTYPE_NAMES}, got {self.mu_dtype!r}")
         if self.grad_dtype == "bfloat16" and self.offload == "none":
             raise ValueError("optim.grad_dtype='bfloat16' needs optim.offload='pinned_host' (its update reads the bf16 "
                              "gradient sum in float32 one layer at a time; the on-device optax update would clip and "
                              "apply it in bf16)")
+
+    def state_bytes_per_param(self) -> int:
+        """Bytes of optimiser state per parameter: the float32 master weights (with offload; the weights themselves
+        without), AdamW's first moment in mu_dtype and its float32 second moment (kevin_jax.placement sizes the
+        pinned-host pools from it)."""
+        return 4 + MOMENT_BYTES[self.mu_dtype] + 4

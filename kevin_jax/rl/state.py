@@ -27,6 +27,8 @@ from kevin_jax.rl.config import OptimConfig
 
 # optim.grad_dtype (rl.config.GRAD_DTYPE_NAMES) -> the dtype of the gradient sum
 GRAD_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# optim.mu_dtype (rl.config.MU_DTYPE_NAMES) -> the dtype AdamW stores its first moment in
+MU_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def learning_rate_schedule(config: OptimConfig, total_updates: int) -> optax.Schedule:
@@ -48,24 +50,26 @@ def decay_mask(params):
 
 
 def _adamw(schedule: optax.Schedule, mask, *, b1: float, b2: float, eps: float,
-           weight_decay: float) -> optax.GradientTransformation:
-    return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
+           weight_decay: float, mu_dtype=None) -> optax.GradientTransformation:
+    return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask, mu_dtype=mu_dtype)
 
 
 def optimizer(schedule: optax.Schedule, *, grad_clip_norm: float, weight_decay: float = 0.0, b1: float = 0.9,
-              b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+              b2: float = 0.999, eps: float = 1e-8, mu_dtype=None) -> optax.GradientTransformation:
     """The one optimiser of kevin_jax: gradients clipped to a global norm (0 = not clipped), then AdamW on `schedule`
-    with decoupled weight decay on weight matrices only (decay_mask). The RL update builds it from the optim section
-    (make_optimizer), the warm start from the warm_start section (kevin_jax.sft: no weight decay, a cosine
-    schedule)."""
+    with decoupled weight decay on weight matrices only (decay_mask), its first moment stored in `mu_dtype` (None:
+    the parameters' dtype). The RL update builds it from the optim section (make_optimizer), the warm start from
+    the warm_start section (kevin_jax.sft: no weight decay, a cosine schedule)."""
     parts = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm > 0 else []
-    return optax.chain(*parts, _adamw(schedule, decay_mask, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+    return optax.chain(*parts, _adamw(schedule, decay_mask, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                                      mu_dtype=mu_dtype))
 
 
 def make_optimizer(config: OptimConfig, total_updates: int) -> optax.GradientTransformation:
     """The RL update's optimiser (section optim): `optimizer` on learning_rate_schedule(config, total_updates)."""
     return optimizer(learning_rate_schedule(config, total_updates), grad_clip_norm=config.grad_clip_norm,
-                     weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps)
+                     weight_decay=config.weight_decay, b1=config.b1, b2=config.b2, eps=config.eps,
+                     mu_dtype=MU_DTYPES[config.mu_dtype])
 
 
 def host_offload(config: OptimConfig, total_updates: int, compute_dtype) -> offload_lib.HostOffloadedAdamW | None:
@@ -75,7 +79,7 @@ def host_offload(config: OptimConfig, total_updates: int, compute_dtype) -> offl
     schedule = learning_rate_schedule(config, total_updates)
     return offload_lib.HostOffloadedAdamW(
         lambda mask: _adamw(schedule, mask, b1=config.b1, b2=config.b2, eps=config.eps,
-                            weight_decay=config.weight_decay), decay_mask, config.grad_clip_norm, compute_dtype)
+                            weight_decay=config.weight_decay, mu_dtype=MU_DTYPES[config.mu_dtype]), decay_mask, config.grad_clip_norm, compute_dtype)
 
 
 def _replicated(params):

@@ -247,6 +247,7 @@ def test_kevin32b_layouts_fit_the_node():
     for name, grad_dtype in grads.items():
         spec = run_config.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B", arg=":" + name))
         assert (spec.optim.offload, spec.optim.grad_dtype) == ("pinned_host", grad_dtype), name
+        assert spec.optim.mu_dtype == "bfloat16", name
         assert spec.max_response_tokens(30) == 22528 and spec.sampler.max_seq_len == 40960, name
         assert spec.rl.micro_batch_tokens == int(name[-1]) * 16384, name        # one >= 16k row per GPU
     h100x4 = run_config.parse_config(_load("kevin32b", "--config.model.hf_checkpoint=/ckpt/QwQ-32B", arg=":h100x4"))
@@ -347,49 +348,54 @@ def test_gpu_placement():
 
 
 def test_the_pinned_host_pools_hold_each_gpus_share_of_an_offloaded_state(monkeypatch):
-    """QwQ-32B's offloaded state (393 GB) on 4 GPUs: each GPU's pinned-host pool is capped at its share (98.3 GB =
-    91.5 GiB) and the allocator's room to grow (tests/kevin_jax/test_host_pool.py); uncapped, the four pools took 472
-    GiB of a 503 GiB host. The shards come from the mesh (data-parallel copies hold the whole share each, hosts add
-    devices); a host without room for the pools is refused before JAX starts."""
+    """QwQ-32B's offloaded state on 4 GPUs: each GPU's pinned-host pool is capped at what the model of XLA's allocator
+    needs to place its share (tests/kevin_jax/test_host_pool.py): 107 GiB with a float32 first moment, 84 with a
+    bf16 one (optim.mu_dtype); uncapped, the four pools took 472 GiB of a 503 GiB host. The shards come from the
+    mesh as the run builds it (data-parallel copies hold the whole share each; a multi-host run puts one replica on
+    each host: tests/kevin_jax/test_multihost_placement.py); a host without room for the pools is refused before JAX
+    starts."""
     from kevin_jax import placement
     from kevin_jax.model import shapes
-    qwq = shapes.named_config("qwq_32b").param_count()
+    qwq = shapes.named_config("qwq_32b")
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
 
-    def pool(gpus, **mesh):
+    def pool(gpus, mu_dtype="bfloat16", **mesh):
         env = {}
-        apply_gpu_placement(GpuConfig(), "0", gpus, env, offload="pinned_host", param_count=qwq,
-                            mesh=placement.ParallelConfig(**mesh))            # kernels on one GPU, as on 4-GPU nodes
+        apply_gpu_placement(GpuConfig(), "0", gpus, env, offload="pinned_host", arch=qwq, mu_dtype=mu_dtype,
+                            mesh=placement.ParallelConfig(**mesh))            # kernels on one GPU
         assert "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE" not in env   # would size XLA's staging pool alike
         return int(env["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"])
-    assert pool(4) == 110
+    assert pool(4) == 84 and pool(4, "float32") == 107
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 2015)       # a 2 TB host (8-GPU nodes have them)
-    assert pool(8) == 56                                                  # 8 GPUs: half the share each
+    assert pool(8) == 43                                                  # 8 GPUs: half the share each
     assert pool(8, data=2) == pool(8, data=-1, fsdp=4) == pool(4)          # sharded 4 ways: a 4-GPU share each
-    assert pool(4, num_processes=2) == pool(8)                             # two hosts of 4: sharded 8 ways
+    # two hosts of 4 GPUs: one replica per host (kevin_jax.multihost), so a 4-GPU share each, unless the mesh
+    # section shards over both hosts
+    assert pool(4, num_processes=2) == pool(4)
+    assert pool(4, num_processes=2, data=1, fsdp=8) == pool(8)
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 256)
-    with pytest.raises(ValueError, match="optim.offload=none"):
-        pool(4)
-    assert apply_gpu_placement(GpuConfig(), "all", 4, {}, offload="none", param_count=qwq) == {
+    with pytest.raises(ValueError, match="optim.offload=none") as refused:
+        pool(4, "float32")
+    assert "first moment in float32" in str(refused.value) and "optim.mu_dtype" in str(refused.value)
+    assert apply_gpu_placement(GpuConfig(), "all", 4, {}, offload="none", arch=qwq) == {
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.600", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     with pytest.raises(ValueError, match="num_processes"):
         placement.process_count(placement.ParallelConfig(), {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
     assert placement.process_count(placement.ParallelConfig(), {"SLURM_NTASKS": "2"}) == 2
-    # the run's own config: configs/kevin32b.py on a 4-GPU node
+    # the run's own config: configs/kevin32b.py on a 4-GPU node (its first moment in bf16)
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
     changes = placement.place_run(_load("kevin32b", "--config.model.shape=qwq_32b", arg=":h100x4").lock(), 4,
                                   environ={})
-    assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
+    assert changes["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "84"
 
 
 def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
-    """Measured at full size on 4 GPUs of a 503 GiB host: the 440 GiB of pools, the trainer and the kernel (~50 GiB
-    together) left ~11 GiB, and a build holds up to 4.3 GiB with its phases side by side, 2.1 one after the other.
-    An evaluator with 8 spare workers per GPU (cuda_eval's default on 64 cores) filled that host and it thrashed:
-    refused. configs/kevin32b.py's 4-GPU layouts (kernels on one GPU, 1 spare, one build with its phases in turn,
-    checkpoints 1 GB at a time) fit 503 GiB; a second build, a second evaluating GPU, builds with their phases side
-    by side or the default 32 GB of checkpoint in flight do not. The 8-GPU layouts need ~583 GiB. The refusal names
-    the parts."""
+    """Measured at full size on 4 GPUs of a 503 GiB host: the pools, the trainer and the kernel; a build holds up to
+    4.3 GiB with its phases side by side. With the first moment in bf16 and pools sized by the allocator model,
+    configs/kevin32b.py's 4-GPU layouts (every GPU evaluating with a spare, 6 builds side by side, 8 GB of
+    checkpoint in flight) fit 503 GiB with ~64 GiB left, and the 8-GPU layouts (every GPU, 2 spares, 8 builds) fit
+    a 560 GiB host (and 503). A float32 first moment does not fit the 8-GPU layouts on 560 GiB; cuda_eval's
+    defaults (8 spares per GPU, a build per core) do not fit a 4-GPU node. The refusal names the parts."""
     from cuda_eval import api
     from kevin_jax import placement
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
@@ -398,45 +404,47 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     def place(layout, gpus, *overrides):
         config = _load("kevin32b", "--config.model.shape=qwq_32b", *overrides, arg=f":{layout}").lock()
         return placement.place_run(config, gpus, environ={})
-    assert place("h100x4", 4)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "110"
+    assert place("h100x4", 4)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "84"
     assert place("h200x4", 4)
+    # the 4-GPU layouts' evaluator: every GPU, a spare each, 6 builds side by side
+    config = _load("kevin32b", "--config.model.shape=qwq_32b", arg=":h200x4").lock()
+    evaluator = placement.EvaluatorFootprint.of(config.eval, 4)
+    assert (evaluator.gpus, evaluator.spares, evaluator.compile_workers) == (4, 1, 6)
+    assert evaluator.build_gib == placement.COMPILE_JOB_GIB
     # cuda_eval's defaults (8 spares per GPU on 64 cores, a build per core): refused, with the parts named
     with pytest.raises(ValueError, match="eval.spare_workers") as refused:
         place("h100x4", 4, "--config.eval.spare_workers=0", "--config.eval.compile_workers=0")
     assert "8 spare worker(s) each, 64 build(s)" in str(refused.value) and "503 GiB" in str(refused.value)
-    with pytest.raises(ValueError, match=r"1 GPU\(s\) with 1 spare worker\(s\) each, 2 build\(s\)"):
-        place("h100x4", 4, "--config.eval.compile_workers=2")             # a second build: no room
-    with pytest.raises(ValueError, match=r"1 GPU\(s\) with 1 spare worker\(s\) each, 1 build\(s\) at once: 8 GiB"):
-        place("h100x4", 4, "--config.eval.compile_parallel_phases=True")  # its phases side by side: 4.3 GiB
-    with pytest.raises(ValueError, match=r"2 GPU\(s\) with 1 spare worker\(s\) each, 1 build\(s\)"):
-        place("h100x4", 4, "--config.eval.devices=0,1")                   # a second GPU evaluating: no room
-    with pytest.raises(ValueError, match=r"checkpoint's bytes in flight \(30 GiB"):
-        place("h100x4", 4, "--config.ckpt.concurrent_gb=32")              # the default's 32 GB of checkpoint
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 520)
-    assert place("h100x4", 4, "--config.eval.compile_workers=8")          # 520 GiB: eight builds
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
+    # the float32 first moment of before, with this layout: refused on 4 GPUs of 503 GiB
+    with pytest.raises(ValueError, match=r"4 GPU\(s\) with 1 spare worker\(s\) each, 6 build\(s\)"):
+        place("h100x4", 4, "--config.optim.mu_dtype=float32")
+    # room for 20 builds on 4 GPUs, not 22
+    assert place("h100x4", 4, "--config.eval.compile_workers=20")
+    with pytest.raises(ValueError, match="22 build"):
+        place("h100x4", 4, "--config.eval.compile_workers=22")
     assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.compile_workers=1",
                  "--config.eval.mode=compile_only")                      # no judges, no spares
     # CPU mode: its slots have judges and spares too
     cpu = placement.EvaluatorFootprint.of(_load("one_gpu", "--config.eval.device_type=cpu",
                                                  "--config.eval.cpu_workers=3").eval, 4)
     assert (cpu.gpus, cpu.spares) == (3, api.auto_spare_workers(3))
-    # 8 GPUs: refused on 512 GB and 560 GiB, taken with ~583 GiB
+    # 8 GPUs, every GPU evaluating with 2 spares, 8 builds: fit 560 GiB and 503 GiB; with a float32 first moment
+    # they need ~566 GiB
     monkeypatch.setattr(api, "_usable_cpus", lambda: 128)
     for ram in (503, 560):
         monkeypatch.setattr(placement, "host_memory_gib", lambda ram=ram: ram)
-        with pytest.raises(ValueError, match=r"8 GPU\(s\) with 2 spare worker\(s\) each, 8 build\(s\)"):
-            place("h100x8", 8)
-    monkeypatch.setattr(placement, "host_memory_gib", lambda: 584)
-    assert place("h100x8", 8)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "56"
+        for layout in ("h100x8", "h200x8"):
+            assert place(layout, 8)["XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"] == "43"
+    with pytest.raises(ValueError, match=r"8 GPU\(s\) with 2 spare worker\(s\) each, 8 build\(s\)"):
+        place("h200x8", 8, "--config.optim.mu_dtype=float32")
     # the budget's parts add up to the host, the trainer's floor among them
-    evaluator = placement.EvaluatorFootprint(gpus=1, spares=1, compile_workers=1,
-                                             build_gib=placement.COMPILE_JOB_SEQUENTIAL_GIB)   # the 4-GPU layouts'
-    one_gb = 1e9 / 2**30                                                                      # their checkpoints'
-    budget = placement.host_budget_gib(110, 4, evaluator, 503, floor=0.01, checkpoint_gib=one_gb)
-    assert budget["pools"] == 440 and budget["evaluator"] == pytest.approx((2 * 0.8 + 2) + 2.1)
-    assert budget["floor"] == pytest.approx(5.03) and budget["checkpoint"] == pytest.approx(0.93, abs=0.01)
+    evaluator = placement.EvaluatorFootprint(gpus=4, spares=1, compile_workers=6)          # the 4-GPU layouts'
+    eight_gb = 8e9 / 2**30                                                                  # their checkpoints'
+    budget = placement.host_budget_gib(84, 4, evaluator, 503, floor=0.01, checkpoint_gib=eight_gb)
+    assert budget["pools"] == 336 and budget["evaluator"] == pytest.approx(4 * (2 * 0.8 + 2) + 6 * 4.3)
+    assert budget["floor"] == pytest.approx(5.03) and budget["checkpoint"] == pytest.approx(7.45, abs=0.01)
     assert sum(v for k, v in budget.items() if k != "left") + budget["left"] == pytest.approx(503)
-    assert 0 < budget["left"] < 2
+    assert 60 < budget["left"] < 70
     # what the full-size run measured beside the pools: trainer and kernel ~50 GiB
     assert budget["trainer"] + budget["kernel"] >= 49.6
+
