@@ -1,8 +1,8 @@
 """The RL update's gradient MFU at Kevin's length mix, row layouts side by side; and their padding table.
 
     python benchmarks/update_mfu.py --padding-only                                   # any CPU: the padding table
-    python benchmarks/update_mfu.py --config configs/kevin32b.py --fraction 0.25 \\
-        --out $OUT/update_mfu.json                                                   # 4 GPUs: QwQ-32B's shapes
+    python benchmarks/update_mfu.py --config configs/kevin32b.py:h200x4 --out $OUT/update_mfu.json \\
+        --set model.shape=qwq_32b                                                    # 4 GPUs: QwQ-32B's shapes
     python benchmarks/update_mfu.py --config configs/tiny_cpu.py --samples 24 --prompt 16,64 --response 32,192 \\
         --set rl.row_len_step=64 --set rl.pack=False --set rl.micro_batch_tokens=1024 --max-row-len 512   # CPU smoke
 
@@ -18,11 +18,13 @@ Dr. GRPO weights, is laid out by kevin_jax.rl.batch in each layout:
 The padding table (all layouts, and bucketed at several steps) needs no accelerator. With a model (not
 --padding-only), each layout in --layouts runs the trainer's own gradient step (kevin_jax.rl.state.Updater.accumulate:
 forward + backward of the policy-gradient loss, the config's remat, attention, mesh and gradient dtype; the weights in
-the compute dtype where the optimiser state is offloaded, as the trainer holds them) on a stratified --fraction of its
-micro-batches (every k-th, the longest first), each shape once untimed first (its compile), then timed. MFU counts the
-real tokens' FLOPs only (kevin_jax.logs.FlopModel, as the trainer logs perf/mfu_gradients): padding is waste. The
-projection to the whole batch takes each micro-batch's measured time, or for a shape not timed the time per padded
-token of the nearest timed row length. The optimiser step (clip + AdamW, host-streamed at 32B) is not part of it.
+the compute dtype where the optimiser state is offloaded, as the trainer holds them) on a measured part of its
+micro-batches: for every distinct shape its first micro-batch untimed (the compile), then the next --per-shape ones
+timed (the longest shapes first). MFU counts the real tokens' FLOPs only (kevin_jax.logs.FlopModel, as the trainer
+logs perf/mfu_gradients): padding is waste. The whole batch's gradient time is projected from the measured rate:
+each micro-batch not timed takes the median time of the timed ones of its shape (a micro-batch's time depends on its
+shape, not on its tokens' values), or, for a shape whose budget ran out, the seconds per padded token of the nearest
+timed row length. The optimiser step (clip + AdamW, host-streamed at 32B) is not part of it.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--step", type=int, default=1024, help="bucketed row-length step where the config has none")
     p.add_argument("--padding-only", action="store_true", help="the padding table only (no model, no jax)")
     p.add_argument("--layouts", default="bucketed,uniform", help="layouts timed with the model, in this order")
-    p.add_argument("--fraction", type=float, default=1.0, help="share of each layout's micro-batches timed")
+    p.add_argument("--per-shape", type=int, default=1, help="micro-batches timed per shape (after its compile)")
     p.add_argument("--budget-s", type=float, default=1e9, help="no micro-batch starts after this many seconds")
     p.add_argument("--out", default="")
     return p.parse_args(argv)
@@ -143,7 +145,7 @@ def padding_table(lengths, rl: RLConfig, divisor: int, max_row_len: int, step: i
             padding_row(f"fixed rows of {max_row_len}", lengths,
                         dataclasses.replace(rl, pack=False, row_len=max_row_len, row_len_step=0), divisor, max_row_len),
             padding_row("packed (rl.pack=True)", lengths, layout_config(rl, "packed", step), divisor, max_row_len)]
-    for s in sorted({512, 1024, 2048, 4096, rl.row_len_step or step}):
+    for s in sorted({x for x in (512, 1024, 2048, 4096) if x < max_row_len} | {rl.row_len_step or step}):
         rows.append(padding_row(f"bucketed, step {s}", lengths, dataclasses.replace(rl, pack=False, row_len_step=s),
                                 divisor, max_row_len))
     return rows
@@ -159,7 +161,7 @@ def print_padding(rows: list[dict], n: int, devices: int, micro_tokens: int) -> 
 
 
 # ------------------------------------------------------------------------------------------------ timed
-def time_layout(name, samples, rl, spec, mesh, graphdef, params, flops, peak, fraction, deadline, max_row_len):
+def time_layout(name, samples, rl, spec, mesh, graphdef, params, flops, peak, per_shape, deadline, max_row_len):
     import jax
     import optax
 
@@ -170,8 +172,12 @@ def time_layout(name, samples, rl, spec, mesh, graphdef, params, flops, peak, fr
                                mesh, spec.sampler.temperature, grad_dtype=rl_state.GRAD_DTYPES[spec.optim.grad_dtype])
     host, layout = rl_batch.micro_batches(samples, rl, divisor, max_row_len)
     shapes = layout.micro_shapes()
-    stride = max(1, round(1 / max(fraction, 1e-9)))
-    picked = list(range(0, len(host), stride))
+    seen: dict = {}
+    picked = []
+    for i, shape in enumerate(shapes):
+        seen[shape] = seen.get(shape, 0) + 1
+        if seen[shape] <= 1 + per_shape:
+            picked.append(i)
     # real tokens of each micro-batch (segment ids > 0)
     real = [int((mb["segment_ids"] > 0).sum()) for mb in host]
     lengths_of = [[int(n) for n in (mb["segment_ids"] > 0).sum(axis=1) if n] if not rl.pack else
@@ -186,6 +192,8 @@ def time_layout(name, samples, rl, spec, mesh, graphdef, params, flops, peak, fr
             t0 = time.perf_counter()
             jax.block_until_ready(updater.accumulate(params, [mb])[0])
             first_s[shapes[i]] = time.perf_counter() - t0
+            log.info("%s%s shape %s: compile and first run %.1f s", TAG, name, shapes[i], first_s[shapes[i]])
+            continue
         t0 = time.perf_counter()
         grads, parts = updater.accumulate(params, [mb])
         jax.block_until_ready(grads)
@@ -194,8 +202,8 @@ def time_layout(name, samples, rl, spec, mesh, graphdef, params, flops, peak, fr
         if not np.isfinite(loss):
             raise FloatingPointError(f"{name}: loss {loss} in micro-batch {i}")
         norm = float(optax.global_norm(grads))
-        log.info("%s%s micro-batch %d/%d %s: %.2f s (first of its shape %.2f s), %d real tokens, MFU %.1f%%", TAG,
-                 name, i + 1, len(host), shapes[i], times[i], first_s[shapes[i]], real[i],
+        log.info("%s%s micro-batch %d/%d %s: %.2f s, %d real tokens, MFU %.1f%%", TAG,
+                 name, i + 1, len(host), shapes[i], times[i], real[i],
                  100 * _mfu(flops.train(lengths_of[i]), times[i], peak))
         del grads, parts, mb
     if not times:
@@ -204,15 +212,17 @@ def time_layout(name, samples, rl, spec, mesh, graphdef, params, flops, peak, fr
     timed_s = sum(times.values())
     timed_flops = sum(flops.train(lengths_of[i]) for i in timed)
     # projection: measured times, else the nearest timed row length's seconds per padded token
-    per_token = {}
+    per_shape_s, per_token = {}, {}
     for i in timed:
         rows, length = shapes[i]
+        per_shape_s.setdefault(shapes[i], []).append(times[i])
         per_token.setdefault(length, []).append(times[i] / (rows * length))
+    per_shape_s = {k: float(np.median(v)) for k, v in per_shape_s.items()}
     per_token = {k: float(np.median(v)) for k, v in per_token.items()}
     projected = 0.0
     for i, (rows, length) in enumerate(shapes):
-        if i in times:
-            projected += times[i]
+        if (rows, length) in per_shape_s:
+            projected += per_shape_s[(rows, length)]
         else:
             nearest = min(per_token, key=lambda k: abs(k - length))
             projected += per_token[nearest] * rows * length
@@ -285,14 +295,14 @@ def main(argv=None) -> int:
     runs = []
     for name in [x.strip() for x in args.layouts.split(",") if x.strip()]:
         runs.append(time_layout(name, samples, layout_config(rl, name, args.step), spec, mesh, graphdef, params,
-                                flops, peak, args.fraction, deadline, args.max_row_len))
+                                flops, peak, args.per_shape, deadline, args.max_row_len))
         result["timed"] = runs
         _save(args.out, result)
     print(f"{TAG}gradient step (forward + backward, no optimiser) of {args.samples} samples (prompts {args.prompt}, "
           f"responses {args.response}) on {jax.device_count()} x {jax.devices()[0].device_kind}, "
-          f"--fraction {args.fraction}")
+          f"{args.per_shape} timed micro-batch(es) per shape after its compile")
     print(f"{'layout':10s} {'micro':>5s} {'timed':>5s} {'shapes':>6s} {'padding':>8s} {'compile s':>9s} "
-          f"{'timed s':>8s} {'tok/s':>9s} {'MFU':>6s} {'batch s (proj.)':>15s} {'MFU (proj.)':>11s} {'grad_norm':>9s}")
+          f"{'timed s':>8s} {'tok/s':>9s} {'MFU':>6s} {'batch s (proj.)':>15s} {'MFU (proj.)':>11s} {'last |g|':>9s}")
     for r in runs:
         if "error" in r:
             print(f"{r['layout']:10s} {r['error']}")
