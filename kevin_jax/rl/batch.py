@@ -12,9 +12,10 @@ for a handful of shapes only. Padding rows have zero weight.
 Bucketed rows (rl.pack=False with rl.row_len_step > 0): every micro-batch has its own row length. Samples are sorted
 by length, longest first, and cut into micro-batches in that order; a micro-batch's rows are as long as its longest
 sample rounded up to a multiple of row_len_step, and it holds as many rows as fit micro_batch_tokens (a multiple of the
-data-parallel device count). A few long samples then pad only their own micro-batch, not the whole batch, and every
-row still holds one right-padded sample (cuDNN flash attention, causal blocks skipped). The shapes are a function of
-the row length alone: a run compiles at most one per multiple of row_len_step up to its longest sample.
+data-parallel device count; the last one only a power of two >= the samples left). A few long samples then pad only
+their own micro-batch, not the whole batch, and every row still holds one right-padded sample (cuDNN flash
+attention, causal blocks skipped). The shapes are a function of the row length (and for a batch's last micro-batch
+of the samples left): a run compiles about one per multiple of row_len_step up to its longest sample.
 """
 from __future__ import annotations
 
@@ -166,6 +167,9 @@ def plan_buckets(lengths: Sequence[int], config: RLConfig, row_divisor: int = 1,
     while k < len(order):
         length = bucket_len(lengths[order[k]], config.row_len_step, config.min_row_len, max_row_len)
         count = rows_for(length, config.micro_batch_tokens, row_divisor)
+        left = len(order) - k
+        if left < count:        # the last micro-batch (or a small batch): a power of two of rows, not all padding
+            count = min(count, -(-next_pow2(left) // row_divisor) * row_divisor)
         chosen = order[k:k + count]
         shapes.append((count, length))
         rows += [[i] for i in chosen] + [[] for _ in range(count - len(chosen))]

@@ -35,8 +35,11 @@ def test_trajectories_of_a_task_replay_every_quality():
 def test_replayed_answers_reach_the_evaluator_and_the_update_has_a_gradient(tmp_path):
     overrides = {"rl.replay": "builtin", "model.shape": "tiny", "warm_start.steps": 0, "total_steps": 1,
                  "rl.tasks_per_step": 1, "rl.updates_per_batch": 1, "env.num_trajectories": TRAJECTORIES,
-                 "env.num_turns": TURNS, "env.max_response_tokens": RESPONSE, "ckpt.enabled": False}
-    done = trainer_fakes.run_driver(tmp_path / "run", overrides, real_evaluator=True, timeout=1500)
+                 "env.num_turns": TURNS, "env.max_response_tokens": RESPONSE, "ckpt.enabled": False,
+                 # a torch extension's build took over 300 s on a 2-core box running other work: a timed-out build
+                 # would read as a compile error
+                 "eval.compile_timeout_s": 1500.0}
+    done = trainer_fakes.run_driver(tmp_path / "run", overrides, real_evaluator=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-6000:]
     # everything the run logs says replay
     lines = [l for l in done.stdout.splitlines() if re.match(r"(INFO|WARNING|ERROR) ", l)]

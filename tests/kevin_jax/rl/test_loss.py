@@ -278,3 +278,10 @@ def test_bucketed_rows_need_unpacked_rows_of_free_length():
     # the context caps a bucketed row that rounding would take past it
     layout, _ = rl_batch.plan_layout([40000], rl_loss.RLConfig(pack=False, row_len_step=3000), max_row_len=40960)
     assert layout.row_len == 40960
+
+
+def test_a_small_bucketed_batch_is_not_mostly_padding_rows():
+    cfg = rl_loss.RLConfig(pack=False, row_len_step=64, micro_batch_tokens=4096, min_row_len=64)
+    layout, rows = rl_batch.plan_layout([100, 90, 120], cfg, row_divisor=2)
+    assert layout.shapes == [(4, 128)]          # not the 32 rows that fill 4096 tokens
+    assert sorted(i for row in rows for i in row) == [0, 1, 2]
