@@ -29,6 +29,9 @@ tests/kevin_jax/kill_at_phase.py kills a run at a named phase of a named step to
 Without a GPU, kernels cannot run: the evaluator only compiles them ("compile_only"). That mode must be asked for
 (eval.mode="compile_only", as configs/tiny_cpu.py does); it scores a kernel that compiled with rl.compile_only_score
 and tags every metric and log line compile_only.
+
+rl.replay="builtin" is a benchmark mode, not training (kevin_jax.env.replay): full-length sampling, the evaluator
+judging replayed real answers of each task in place of the sampled ones, a real update; every line says [replay].
 """
 from __future__ import annotations
 
@@ -124,8 +127,10 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int, advan
     return trajectories, times
 
 
-def _write_replayed(path: Path, records: list[dict]) -> None:
-    """Which answer each request replayed (rl.replay), one JSON line per request."""
+def _write_replayed(path: Path, records: list[dict], is_main: bool) -> None:
+    """Which answer each request replayed (rl.replay), one JSON line per request (this host's requests)."""
+    if not is_main:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
@@ -296,8 +301,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             t0 = time.perf_counter()
             trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage, proxy_score)
             rollout_s = time.perf_counter() - t0
-            if spec.rl.replay and is_main:
-                _write_replayed(step_path(workdir / "replay", step), evaluator.take_replayed())
+            if spec.rl.replay:
+                _write_replayed(step_path(workdir / "replay", step), evaluator.take_replayed(), is_main)
             # correctness, scores, returns, advantages, lengths; the speed of correct kernels (rollout/speed/...)
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
@@ -415,8 +420,9 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 writer.write(step, scalars)
                 if is_main and spec.log.trajectories:
                     write_trajectories(step_path(workdir / "holdout", step), held)
-                if spec.rl.replay and is_main:
-                    _write_replayed(step_path(workdir / "replay" / "holdout", step), evaluator.take_replayed())
+                if spec.rl.replay:
+                    _write_replayed(step_path(workdir / "replay" / "holdout", step), evaluator.take_replayed(),
+                                    is_main)
                 log.info("%sheld-out after step %d: score %.3f on %d tasks", tag, step,
                          scalars.get("holdout/score_mean", 0.0), len(holdout_tasks))
                 last.update(scalars)
