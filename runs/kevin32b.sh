@@ -27,9 +27,12 @@
 #               the sampled ones, kevin_jax/env/replay.py): 4 tasks x 16 trajectories = 64 live sequences in one
 #               sampler call, every response SAMPLING_TOKENS (16384) long; then their 64 replayed kernels evaluated
 #               and one update over the 64 full-length samples. A phase table (time, tokens/s, MFU) from metrics.jsonl.
-#   replay      evaluation of 128 replayed kernels beside sampling: 8 tasks x 16 trajectories, two pipeline groups
-#               of 64 (one samples while the other's kernels are built, checked and timed on the GPUs), responses
-#               REPLAY_TOKENS (4096) long, one update. The phase table adds the kernels judged, compiled and correct.
+#   replay      evaluation of 128 replayed kernels beside sampling: 4 tasks x 16 trajectories x 2 turns, two
+#               pipeline groups of 32 sequences (one samples while the other's kernels are built, checked and timed
+#               on the GPUs; the second turn's prompts carry the first's verdicts), responses REPLAY_TOKENS (4096)
+#               long, one update over the 128 samples. 4 tasks rather than 8 keep the distinct kernels to build
+#               (~8 per task; a repeated answer is a build-cache hit, still run and timed) within the stage's time
+#               on a node that builds one at a time. The phase table adds the kernels compiled and correct.
 #   update      the update's gradient step at a full batch's shape (benchmarks/update_mfu.py): 512 samples of
 #               prompts 1-4k and responses 2-16k tokens, QwQ-32B's shape with random weights in the trainer's layout,
 #               the bucketed rows (a row length per micro-batch) and the old one-row-length layout; every shape
@@ -100,7 +103,7 @@ CAPS="--config.total_steps=2 --config.rl.tasks_per_step=2 --config.env.num_traje
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 # The replay stages: one step on the built-in tasks (every one has replayable answers), no checkpoint, no held-out
 # evaluation, one update.
-REPLAY="--config.rl.replay=builtin --config.total_steps=1 --config.env.num_trajectories=16 --config.env.num_turns=1
+REPLAY="--config.rl.replay=builtin --config.total_steps=1 --config.env.num_trajectories=16
   --config.rl.updates_per_batch=1 --config.holdout.every_steps=0 --config.holdout.at_end=False
   --config.log.progress=False --config.ckpt.enabled=False --config.model.hf_checkpoint=$HF_DIR"
 # The phase table of a replay stage's step, from its metrics.jsonl (every key under replay/).
@@ -238,10 +241,10 @@ PYEOF
     sampling|replay)
       # sampling: 64 sequences of SAMPLING_TOKENS in one sampler call; replay: 128 kernels evaluated beside sampling
       if [ "$stage" = sampling ]; then
-        SHAPE="--config.rl.tasks_per_step=4 --config.env.pipeline_groups=1
+        SHAPE="--config.rl.tasks_per_step=4 --config.env.num_turns=1 --config.env.pipeline_groups=1
           --config.env.max_response_tokens=${SAMPLING_TOKENS:-16384}"
       else
-        SHAPE="--config.rl.tasks_per_step=8 --config.env.pipeline_groups=2
+        SHAPE="--config.rl.tasks_per_step=4 --config.env.num_turns=2 --config.env.pipeline_groups=2
           --config.env.max_response_tokens=${REPLAY_TOKENS:-4096}"
       fi
       T=$SECONDS
