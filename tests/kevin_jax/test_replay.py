@@ -58,7 +58,11 @@ def test_replayed_answers_reach_the_evaluator_and_the_update_has_a_gradient(tmp_
         qualities.add(answer["quality"])
         # random weights never write a kernel that compiles: these verdicts are the replayed answers'
         assert turn["verdict"]["compiled"] is (answer["quality"] != "compile_error"), (answer, turn["verdict"])
-        assert turn["score"] == (0.3 if turn["verdict"]["compiled"] else 0.0)
+        # compile-only: a kernel that compiled scores rl.compile_only_score (0.3) in the returns, one that did not 0
+        if turn["verdict"]["compiled"]:
+            assert turn["return"] == pytest.approx(0.3) and turn["advantage"] > 0, turn
+        else:
+            assert turn["return"] == 0.0 and turn["advantage"] < 0, turn
     assert qualities == set(replay.QUALITIES)
     assert result["replay/compile_only/rollout/advantage_std"] > 0
     assert result["replay/compile_only/update0/tokens"] > 0
