@@ -35,7 +35,6 @@ def get_config():
     c.rl.tasks_per_step = 4
     c.rl.micro_batch_tokens = 32768
     c.rl.pack = False                         # right-padded rows: cuDNN flash attention in the update
-    c.rl.row_len_step = 1024                  # a row length per micro-batch (kevin_jax/rl/batch.py)
     c.optim.learning_rate = 1e-5
     c.gpu.jax_memory_fraction = 0.5
     c.warm_start.steps = 400                # 150 left NLL 0.72 and no parseable kernels (docs/LOG.md)
