@@ -369,7 +369,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 "batch/samples_total": float(sample_set.total), "batch/samples_trained": float(len(lengths)),
                 "batch/skipped_zero_advantage": float(sample_set.skipped_zero_advantage),
                 "batch/micro_batches": float(layout.num_micro if layout else 0),
-                "batch/row_len": float(layout.row_len if layout else 0),
+                "batch/row_len": float(layout.row_len if layout else 0),      # the longest row
+                "batch/shapes": float(len(set(layout.micro_shapes())) if layout else 0),
                 "batch/padding_fraction": (1 - sum(lengths) / layout.padded_tokens) if layout else 0.0,
                 "batch/max_response_tokens": float(runner.env.max_response_tokens),
             })
