@@ -105,9 +105,12 @@ def get_config(layout: str = "auto"):
     c.response_schedule = "30:22528"        # responses up to 16k tokens, 22k from step 30
     c.tokenizer.path = "model"              # QwQ-32B's own tokenizer files
     # One sample per right-padded row: the update's attention is then cuDNN flash (causal); packed rows would use
-    # the blockwise attention over the whole row. Rows are padded to a power of two (16k, 32k) or the 40k context,
-    # one row per GPU per micro-batch from 16k up (two of 8k, ...).
+    # the blockwise attention over the whole row (the full T x T grid, no flash kernel). Each micro-batch has its own
+    # row length (its longest sample rounded up to 1k: ~6% padding at a 3-20k length mix, 16 shapes to compile,
+    # instead of ~64% with one power-of-two row for the whole batch; benchmarks/update_mfu.py), one row per GPU from
+    # 16k up (two of 8k, ...).
     c.rl.pack = False
+    c.rl.row_len_step = 1024
     c.rl.micro_batch_tokens = node.gpus * (node.max_row_tokens or 16384)
     c.rl.logprob_chunk = 512
     c.optim.offload = node.offload

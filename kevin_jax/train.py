@@ -29,6 +29,9 @@ tests/kevin_jax/kill_at_phase.py kills a run at a named phase of a named step to
 Without a GPU, kernels cannot run: the evaluator only compiles them ("compile_only"). That mode must be asked for
 (eval.mode="compile_only", as configs/tiny_cpu.py does); it scores a kernel that compiled with rl.compile_only_score
 and tags every metric and log line compile_only.
+
+rl.replay="builtin" is a benchmark mode, not training (kevin_jax.env.replay): full-length sampling, the evaluator
+judging replayed real answers of each task in place of the sampled ones, a real update; every line says [replay].
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ from flax import nnx
 from cuda_eval.api import Evaluator, visible_gpu_count
 from kevin_jax import checkpoint as ckpt_lib
 from kevin_jax import host_memory, logs, multihost, parallel
+from kevin_jax.env import replay
 from kevin_jax.env.episode import EpisodeRunner, resolve_gpu_name
 from kevin_jax.env.submissions import share_gpus_with_evaluator
 from kevin_jax.env.trajectory import Trajectory, step_path, write_trajectories
@@ -120,6 +124,15 @@ def run_episodes(runner: EpisodeRunner, tasks: list, step: int, seed: int,
     return trajectories, times
 
 
+def _write_replayed(path: Path, records: list[dict], is_main: bool) -> None:
+    """Which answer each request replayed (rl.replay), one JSON line per request (this host's requests)."""
+    if not is_main:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
 def _holdout_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, 0x401D]).generate_state(1)[0])
 
@@ -152,6 +165,14 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
     with contextlib.ExitStack() as stack:
         # a host out of memory (an offloaded state pins most of it) stops the run with an error instead of thrashing
         stack.enter_context(host_memory.HostMemoryGuard(host_memory.floor_bytes(spec.gpu.host_memory_floor)))
+        if spec.rl.replay:      # a benchmark, not training: every line it logs says so (kevin_jax.env.replay)
+            tagger = replay.ReplayTag()
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(tagger)
+                stack.callback(handler.removeFilter, tagger)
+            log.warning("rl.replay=%r: NOT TRAINING. The sampler ignores its stop tokens (full-length responses) and "
+                        "the evaluator judges replayed answers of each task (shipped solutions, warm-start corpus) in "
+                        "place of the sampled ones; every metric is under replay/", spec.rl.replay)
         if evaluator is None:
             evaluator = stack.enter_context(make_evaluator(spec))
         mode = getattr(evaluator, "mode", "full")
@@ -166,6 +187,9 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         # --- tasks, tokenizer, model, optimiser
         tokenizer = run_tokenizer(spec)
         tasks = load_tasks(spec.tasks).tasks
+        if spec.rl.replay:
+            evaluator = replay.ReplayEvaluator(evaluator, replay.answers_for(spec.rl.replay,
+                                                                             [t.task_id for t in tasks]))
         global_mesh, local_mesh = multihost.build_meshes(spec.mesh)
         arch = architecture(spec)
         check_vocabulary(tokenizer, arch)
@@ -227,7 +251,11 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
 
         # --- policy (the sampler reads the train state's own parameters), environment, update
         model = nnx.merge(graphdef, multihost.sampling_view(state["params"], local_mesh))
-        policy = SamplerPolicy(model, spec.sampler, tokenizer=tokenizer, mesh=local_mesh)
+        sampler_config = spec.sampler
+        if spec.rl.replay:      # no stop token: every response runs to env.max_response_tokens
+            sampler_config = dataclasses.replace(spec.sampler, stop_ids=(), stop_sequences=(), stop_strings=())
+        policy = SamplerPolicy(model, sampler_config, tokenizer=None if spec.rl.replay else tokenizer,
+                               mesh=local_mesh)
         share_gpus_with_evaluator(policy, evaluator, shared_gpus(spec.gpu.jax_devices, spec.eval.devices,
                                                                  visible_gpu_count()))
         # the card the kernels run on, named in every prompt (env.gpu_name="auto"; a name overrides it)
@@ -242,7 +270,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         max_row_len = -(-spec.sampler.max_seq_len // 256) * 256     # no sample is longer than the context
         flops = logs.FlopModel.of(arch)
         peak = logs.peak_flops(jax.devices()[0].device_kind)
-        prefix = "compile_only/" if compile_only else ""
+        prefix = ("replay/" if spec.rl.replay else "") + ("compile_only/" if compile_only else "")
         writer = logs.MetricWriter(workdir, spec.log, prefix=prefix, is_writer=is_main)
         stack.callback(writer.close)
         if latest is not None:
@@ -250,7 +278,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         if start_values:
             writer.write(0, start_values)
         progress = logs.Progress(spec.total_steps, start_step, is_main and spec.log.progress,
-                                 " [compile-only]" if compile_only else "")
+                                 (" [replay]" if spec.rl.replay else "") + (" [compile-only]" if compile_only else ""))
         stack.callback(progress.close)
         last: dict[str, float] = {}
         local_devices = jax.local_devices()
@@ -270,6 +298,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             t0 = time.perf_counter()
             trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage)
             rollout_s = time.perf_counter() - t0
+            if spec.rl.replay:
+                _write_replayed(step_path(workdir / "replay", step), evaluator.take_replayed(), is_main)
             # correctness, scores, returns, advantages, lengths; the speed of correct kernels (rollout/speed/...)
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
@@ -336,7 +366,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 "batch/samples_total": float(sample_set.total), "batch/samples_trained": float(len(lengths)),
                 "batch/skipped_zero_advantage": float(sample_set.skipped_zero_advantage),
                 "batch/micro_batches": float(layout.num_micro if layout else 0),
-                "batch/row_len": float(layout.row_len if layout else 0),
+                "batch/row_len": float(layout.row_len if layout else 0),      # the longest row
+                "batch/shapes": float(len(set(layout.micro_shapes())) if layout else 0),
                 "batch/padding_fraction": (1 - sum(lengths) / layout.padded_tokens) if layout else 0.0,
                 "batch/max_response_tokens": float(runner.env.max_response_tokens),
             })
@@ -386,6 +417,9 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 writer.write(step, scalars)
                 if is_main and spec.log.trajectories:
                     write_trajectories(step_path(workdir / "holdout", step), held)
+                if spec.rl.replay:
+                    _write_replayed(step_path(workdir / "replay" / "holdout", step), evaluator.take_replayed(),
+                                    is_main)
                 log.info("%sheld-out after step %d: score %.3f on %d tasks", tag, step,
                          scalars.get("holdout/score_mean", 0.0), len(holdout_tasks))
                 last.update(scalars)

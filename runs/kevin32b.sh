@@ -5,6 +5,7 @@
 # every answer gets a format verdict and every phase still runs.
 #   bash runs/kevin32b.sh                          # checkpoint sampler steps resume, in this order
 #   bash runs/kevin32b.sh steps resume             # some of them
+#   bash runs/kevin32b.sh checkpoint sampling replay update    # the full-shape phases, one stage each (~25 min max)
 # Stages:
 #   checkpoint  a QwQ-32B-format HF directory with random bf16 weights (scripts/write_hf_checkpoint.py: 14 shards,
 #               65.5 GB, QwQ's config and tokenizer with its chat template); skipped when HF_DIR already holds one.
@@ -21,9 +22,27 @@
 #               checkpoints step 1 into /dev/shm and is SIGKILLed while writing step 2; run B resumes from step 1 (the
 #               master weights and moments restored straight into host memory), redoes step 2, and must produce the
 #               same step-2 trajectories (tokens) and update statistics (loss, gradient norm, update norm) as A.
+#   sampling    one full sampler round at 32B in the replay mode (rl.replay=builtin: NOT training; the sampler
+#               ignores its stop tokens, the evaluator judges replayed real answers of the built-in tasks in place of
+#               the sampled ones, kevin_jax/env/replay.py): 4 tasks x 16 trajectories = 64 live sequences in one
+#               sampler call, every response SAMPLING_TOKENS (16384) long; then their 64 replayed kernels evaluated
+#               and one update over the 64 full-length samples. A phase table (time, tokens/s, MFU) from metrics.jsonl.
+#   replay      evaluation of 128 replayed kernels beside sampling: 4 tasks x 16 trajectories x 2 turns, two
+#               pipeline groups of 32 sequences (one samples while the other's kernels are built, checked and timed
+#               on the GPUs; the second turn's prompts carry the first's verdicts), responses REPLAY_TOKENS (4096)
+#               long, one update over the 128 samples. 4 tasks rather than 8 keep the distinct kernels to build
+#               (~8 per task; a repeated answer is a build-cache hit, still run and timed) within the stage's time
+#               on a node that builds one at a time. The phase table adds the kernels compiled and correct.
+#   update      the update's gradient step at a full batch's shape (benchmarks/update_mfu.py): 512 samples of
+#               prompts 1-4k and responses 2-16k tokens, QwQ-32B's shape with random weights in the trainer's layout,
+#               the bucketed rows (a row length per micro-batch) and the old one-row-length layout; every shape
+#               compiled once, then one micro-batch per shape timed; the batch's gradient time and MFU projected from
+#               those rates (the host optimiser step is the steps stage's). Prints the padding table and the timing
+#               table.
 # Knobs: HF_DIR (/tmp/qwq32b_random), KB_DIR (a KernelBench checkout, required for steps and resume), WORK
 # (/tmp/kevin32b), OUT (workdirs/kevin32b: logs, metrics, summary.txt), SHM (/dev/shm/kevin32b_ckpt), and a time
-# limit per stage in seconds: CHECKPOINT_S, SAMPLER_S, STEPS_S, RESUME_S.
+# limit per stage in seconds: CHECKPOINT_S, SAMPLER_S, STEPS_S, RESUME_S, SAMPLING_S, REPLAY_S, UPDATE_S (1500 each
+# for the last three); SAMPLING_TOKENS, REPLAY_TOKENS.
 # Each stage appends its outcome to $OUT/summary.txt as it ends.
 # Measured on 4 x H100 and 4 x H200 (docs/LOG.md, "Kevin-32B's first full-size updates" and the entries it cites):
 # checkpoint 52-64 s; steps on 4 x H200: load 12-13 s, the host state 127 s, step 1 148 s (sampling 107 s with its
@@ -42,8 +61,8 @@ KB_DIR=${KB_DIR:-}
 STAGES=${*:-checkpoint sampler steps resume}
 for stage in $STAGES; do
   case "$stage" in
-    checkpoint|sampler|steps|resume) ;;
-    *) echo "unknown stage $stage (checkpoint | sampler | steps | resume)"; exit 2 ;;
+    checkpoint|sampler|steps|resume|sampling|replay|update) ;;
+    *) echo "unknown stage $stage (checkpoint | sampler | steps | resume | sampling | replay | update)"; exit 2 ;;
   esac
 done
 case " $STAGES " in *" steps "*|*" resume "*)
@@ -82,6 +101,51 @@ CAPS="--config.total_steps=2 --config.rl.tasks_per_step=2 --config.env.num_traje
   --config.env.max_response_tokens=1024 --config.rl.skip_zero_advantage=False --config.holdout.every_steps=0
   --config.holdout.at_end=False --config.log.progress=False --config.tasks.kernelbench_dir=$KB_DIR"
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+# The replay stages: one step on the built-in tasks (every one has replayable answers), no checkpoint, no held-out
+# evaluation, one update.
+REPLAY="--config.rl.replay=builtin --config.total_steps=1 --config.env.num_trajectories=16
+  --config.rl.updates_per_batch=1 --config.holdout.every_steps=0 --config.holdout.at_end=False
+  --config.log.progress=False --config.ckpt.enabled=False --config.model.hf_checkpoint=$HF_DIR"
+# The phase table of a replay stage's step, from its metrics.jsonl (every key under replay/).
+phase_table() {
+  $PY - "$1" "$2" <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+path, stage = sys.argv[1:3]
+try:
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+except OSError as e:
+    sys.exit(f"{stage}: no metrics ({e})")
+m = {k.removeprefix("replay/"): v for k, v in rows[-1].items()}
+get = lambda k, scale=1.0: m.get(k, float("nan")) * scale
+print(f"[replay] {stage}: phase table of the step (replayed answers, NOT training)")
+print(f"{'phase':34s} {'value':>12s}")
+for label, key, scale, fmt in [
+        ("start-up (load, host state) s", "time/startup", 1, ".0f"),
+        ("sampling s", "time/sampling", 1, ".1f"),
+        ("  generated tokens/s", "perf/generated_tokens_per_s", 1, ".0f"),
+        ("  response length mean", "rollout/response_length_mean", 1, ".0f"),
+        ("  MFU of sampling %", "perf/mfu_sampling", 100, ".1f"),
+        ("evaluation (wall, outstanding) s", "time/evaluation", 1, ".1f"),
+        ("episode s", "time/episode", 1, ".1f"),
+        ("  episode / max(sampling, eval)", "perf/episode_wall_over_max", 1, ".2f"),
+        ("  kernels compiled (rate)", "rollout/compiled_rate", 1, ".2f"),
+        ("  kernels correct (rate)", "rollout/correct_rate", 1, ".2f"),
+        ("  score mean", "rollout/score_mean", 1, ".3f"),
+        ("  advantage std", "rollout/advantage_std", 1, ".3f"),
+        ("update s (1 update)", "time/update", 1, ".1f"),
+        ("  gradients s", "time/gradients", 1, ".1f"),
+        ("  MFU of the gradients %", "perf/mfu_gradients", 100, ".1f"),
+        ("  optimizer s", "time/optimizer", 1, ".1f"),
+        ("  samples trained", "batch/samples_trained", 1, ".0f"),
+        ("  micro-batches", "batch/micro_batches", 1, ".0f"),
+        ("  padding %", "batch/padding_fraction", 100, ".1f"),
+        ("  grad_norm", "update0/grad_norm", 1, ".3g"),
+        ("step s", "time/step", 1, ".1f"),
+        ("peak HBM per GPU GB", "mem/hbm_peak_gb", 1, ".1f"),
+        ("host RSS peak GB", "mem/host_rss_peak_gb", 1, ".1f")]:
+    print(f"{label:34s} {format(get(key, scale), fmt):>12s}")
+PYEOF
+}
 rc=0
 for stage in $STAGES; do
   echo "=== $(date +%T) $stage"
@@ -174,6 +238,35 @@ PYEOF
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       cp "$WORK/depth8/metrics.jsonl" "$OUT/resume_metrics.jsonl" 2>/dev/null
       rm -rf "$SHM" ;;
+    sampling|replay)
+      # sampling: 64 sequences of SAMPLING_TOKENS in one sampler call; replay: 128 kernels evaluated beside sampling
+      if [ "$stage" = sampling ]; then
+        SHAPE="--config.rl.tasks_per_step=4 --config.env.num_turns=1 --config.env.pipeline_groups=1
+          --config.env.max_response_tokens=${SAMPLING_TOKENS:-16384}"
+      else
+        SHAPE="--config.rl.tasks_per_step=4 --config.env.num_turns=2 --config.env.pipeline_groups=2
+          --config.env.max_response_tokens=${REPLAY_TOKENS:-4096}"
+      fi
+      T=$SECONDS
+      rm -rf "$WORK/$stage"
+      timeout "$(limit "$stage" 1500)" $PY launch/train.py --config=configs/kevin32b.py --workdir="$WORK/$stage" \
+        $REPLAY $SHAPE > "$OUT/$stage.log" 2>&1
+      r=$?; [ $r = 0 ] || rc=1
+      cp "$WORK/$stage/metrics.jsonl" "$OUT/${stage}_metrics.jsonl" 2>/dev/null
+      cp -r "$WORK/$stage/replay" "$OUT/${stage}_replayed" 2>/dev/null
+      note "$stage (replay, not training): rc=$r in $((SECONDS - T)) s"
+      grep -E "layout|train state:|NOT TRAINING|round [0-9]|episode of step|step 1 update|step [0-9]+/|Traceback|Error" \
+        "$OUT/$stage.log" | tail -30 | tee -a "$SUMMARY"
+      phase_table "$WORK/$stage/metrics.jsonl" "$stage" ;;
+    update)
+      T=$SECONDS; lim=$(limit update 1500)
+      timeout -k 30 "$lim" $PY benchmarks/update_mfu.py --config configs/kevin32b.py --set model.shape=qwq_32b \
+        --layouts bucketed,uniform --per-shape 1 --budget-s $((lim - 240)) --out "$OUT/update_mfu.json" \
+        > "$OUT/update.log" 2>&1
+      r=$?; [ $r = 0 ] || rc=1
+      note "update (gradient step at 512 samples of the length mix): rc=$r in $((SECONDS - T)) s"
+      grep -E "^\[update benchmark\]|^layout|^uniform|^fixed|^packed|^bucketed|compile and first|Traceback|Error" \
+        "$OUT/update.log" | tail -45 | tee -a "$SUMMARY" ;;
   esac
 done
 note "done in $((SECONDS - T0)) s"

@@ -8,6 +8,14 @@ targets that are response tokens (the model's own) carry a loss: position p - 1 
 Shapes: the row length is rl.row_len, or a power of two >= the longest sample (at least `min_row_len`); rows per micro-batch is a
 power of two (a multiple of the data-parallel device count) fitting `micro_batch_tokens`, so a run compiles the update
 for a handful of shapes only. Padding rows have zero weight.
+
+Bucketed rows (rl.pack=False with rl.row_len_step > 0): every micro-batch has its own row length. Samples are sorted
+by length, longest first, and cut into micro-batches in that order; a micro-batch's rows are as long as its longest
+sample rounded up to a multiple of row_len_step, and it holds as many rows as fit micro_batch_tokens (a multiple of the
+data-parallel device count; the last one only a power of two >= the samples left). A few long samples then pad only
+their own micro-batch, not the whole batch, and every row still holds one right-padded sample (cuDNN flash
+attention, causal blocks skipped). The shapes are a function of the row length (and for a batch's last micro-batch
+of the samples left): a run compiles about one per multiple of row_len_step up to its longest sample.
 """
 from __future__ import annotations
 
@@ -118,20 +126,67 @@ def _fill_row(mb: dict[str, np.ndarray], r: int, samples: Sequence[Sample]) -> N
 
 @dataclasses.dataclass
 class Layout:
-    row_len: int
-    rows_per_micro: int
+    row_len: int                 # the longest row (bucketed: the first micro-batch's)
+    rows_per_micro: int          # rows of the micro-batch with the longest rows
     num_rows: int                # real rows (the rest of the last micro-batch is padding)
     num_micro: int
+    shapes: list[tuple[int, int]] | None = None    # bucketed: (rows, row length) of each micro-batch
+
+    def micro_shapes(self) -> list[tuple[int, int]]:
+        return self.shapes if self.shapes is not None else [(self.rows_per_micro, self.row_len)] * self.num_micro
 
     @property
     def padded_tokens(self) -> int:
-        return self.row_len * self.rows_per_micro * self.num_micro
+        return sum(rows * length for rows, length in self.micro_shapes())
+
+
+def bucket_len(n: int, step: int, min_row_len: int, max_row_len: int | None) -> int:
+    """A bucketed row's length: n rounded up to a multiple of `step` (at least min_row_len), but never past
+    max_row_len where n fits it (the context need not be a multiple of the step)."""
+    length = max(min_row_len, -(-n // step) * step)
+    if max_row_len is not None and n <= max_row_len < length:
+        length = max_row_len
+    return length
+
+
+def rows_for(row_len: int, micro_batch_tokens: int, row_divisor: int) -> int:
+    """Rows of a bucketed micro-batch: as many as fit micro_batch_tokens, a multiple of row_divisor (at least one per
+    data-parallel device)."""
+    return max(row_divisor, micro_batch_tokens // row_len // row_divisor * row_divisor)
+
+
+def plan_buckets(lengths: Sequence[int], config: RLConfig, row_divisor: int = 1,
+                 max_row_len: int | None = None) -> tuple[Layout, list[list[int]]]:
+    """The bucketed layout (module docstring): one sample per row, micro-batches of samples of similar length.
+    Returns the layout and the sample index of each row, micro-batch after micro-batch (the rows of micro-batch m
+    are rows[sum of the earlier micro-batches' rows:][:shapes[m][0]], the real ones first)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    shapes: list[tuple[int, int]] = []
+    rows: list[list[int]] = []
+    k = 0
+    while k < len(order):
+        length = bucket_len(lengths[order[k]], config.row_len_step, config.min_row_len, max_row_len)
+        count = rows_for(length, config.micro_batch_tokens, row_divisor)
+        left = len(order) - k
+        if left < count:        # the last micro-batch (or a small batch): a power of two of rows, not all padding
+            count = min(count, -(-next_pow2(left) // row_divisor) * row_divisor)
+        chosen = order[k:k + count]
+        shapes.append((count, length))
+        rows += [[i] for i in chosen] + [[] for _ in range(count - len(chosen))]
+        k += count
+    if not shapes:
+        shapes = [(row_divisor, config.min_row_len)]
+        rows = [[] for _ in range(row_divisor)]
+    return Layout(shapes[0][1], shapes[0][0], len(lengths), len(shapes), shapes), rows
 
 
 def plan_layout(lengths: Sequence[int], config: RLConfig, row_divisor: int = 1,
                 max_row_len: int | None = None) -> tuple[Layout, list[list[int]]]:
     """max_row_len: cap of the automatic row length (the longest possible sample, e.g. the sampler's context), so
-    that a 39k-token sample gets a 40k row rather than a 64k one."""
+    that a 39k-token sample gets a 40k row rather than a 64k one. With rl.row_len_step (and rl.pack=False) the
+    bucketed layout of `plan_buckets`."""
+    if config.row_len_step and not config.pack:
+        return plan_buckets(lengths, config, row_divisor, max_row_len)
     longest = max(lengths, default=1)
     if config.row_len:
         if longest > config.row_len:
@@ -151,14 +206,17 @@ def plan_layout(lengths: Sequence[int], config: RLConfig, row_divisor: int = 1,
 
 def micro_batches(samples: Sequence[Sample], config: RLConfig, row_divisor: int = 1,
                   max_row_len: int | None = None) -> tuple[list[dict[str, np.ndarray]], Layout]:
-    """Packs samples into micro-batches of identical shape [rows_per_micro, row_len].
+    """Packs samples into micro-batches of shape [rows_per_micro, row_len] (bucketed: each its own shape,
+    layout.shapes).
 
     row_divisor: rows per micro-batch is made a multiple of it (the data-parallel device count)."""
     layout, rows = plan_layout([len(s) for s in samples], config, row_divisor, max_row_len)
     out = []
-    for m in range(layout.num_micro):
-        mb = _empty(layout.rows_per_micro, layout.row_len)
-        for r, row in enumerate(rows[m * layout.rows_per_micro:(m + 1) * layout.rows_per_micro]):
+    first = 0
+    for count, length in layout.micro_shapes():
+        mb = _empty(count, length)
+        for r, row in enumerate(rows[first:first + count]):
             _fill_row(mb, r, [samples[i] for i in row])
         out.append(mb)
+        first += count
     return out, layout

@@ -36,11 +36,20 @@ class RLConfig:
     row_len: tokens per row; 0 = automatic: a power of two >= the longest sample of the batch (at least
       min_row_len), so a run compiles the update for a handful of shapes. A fixed row_len (>= sampler.max_seq_len)
       means one shape for the whole run and less padding than powers of two at long lengths (Kevin's 40k context).
+    row_len_step: with pack=False, > 0 gives every micro-batch its own row length: samples sorted by length are cut
+      into micro-batches in that order, each with rows as long as its longest sample rounded up to a multiple of
+      row_len_step (kevin_jax.rl.batch, "bucketed rows"), so that a few long samples pad only their own
+      micro-batch; 0 = one row length for the whole batch (row_len, or the power of two of its longest sample).
     min_row_len: shortest automatic row length.
     logprob_chunk: positions per logits chunk in the log-prob computation (memory ~ rows * chunk * vocab * 4 B).
     compile_only_score: without a GPU (compile-only verdicts: nothing runs, correctness is unknown) the reward is
       replaced by this score for a kernel that compiled, so that the CPU loop has a learning signal. Every metric of
       such a run is tagged compile_only/. Ignored with a GPU.
+    replay: a benchmark mode that is not training (kevin_jax.env.replay): "" = off; "builtin" = the sampler ignores
+      its stop tokens (every response runs to full length) and the evaluator judges, in place of each sampled answer,
+      a real answer of its task (the shipped solutions and the warm-start corpus: correct, wrong and non-compiling
+      kernels), so that the rewards, advantages and gradients are not zero. Built-in tasks only. Every log line says
+      [replay], every metric is under replay/.
     """
     tasks_per_step: int = 8
     updates_per_batch: int = 2
@@ -55,9 +64,11 @@ class RLConfig:
     micro_batch_tokens: int = 65536
     pack: bool = True
     row_len: int = 0
+    row_len_step: int = 0
     min_row_len: int = 256
     logprob_chunk: int = 1024
     compile_only_score: float = 0.3
+    replay: str = ""
 
     def __post_init__(self):
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
@@ -75,6 +86,13 @@ class RLConfig:
                              f"{self.clip_eps_high}")
         if self.kl_coef < 0 or self.tis_cap < 0 or self.constant_length < 0 or self.row_len < 0:
             raise ValueError("rl.kl_coef, rl.tis_cap, rl.constant_length and rl.row_len must be >= 0")
+        if self.replay not in ("", "builtin"):
+            raise ValueError(f"rl.replay must be '' (off) or 'builtin', got {self.replay!r}")
+        if self.row_len_step < 0:
+            raise ValueError(f"rl.row_len_step must be >= 0 (0 = one row length per batch), got {self.row_len_step}")
+        if self.row_len_step and (self.pack or self.row_len):
+            raise ValueError("rl.row_len_step (a row length per micro-batch, one sample per row) needs rl.pack=False "
+                             "and rl.row_len=0 (a fixed row length for the whole run)")
 
     @property
     def skips_zero_advantage(self) -> bool:

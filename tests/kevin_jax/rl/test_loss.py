@@ -218,3 +218,70 @@ def test_row_length_buckets():
     layout = rl_batch.plan_layout([1000] * 5, rl_loss.RLConfig(min_row_len=1024, micro_batch_tokens=4096,
                                                                 pack=False), row_divisor=2)[0]
     assert (layout.rows_per_micro, layout.num_micro) == (4, 2)      # power of two fitting 4096 tokens, even
+
+
+def _kevin_mix(n=512, seed=0):
+    """Sample lengths of a Kevin step: prompts 1-4k tokens, responses 2-16k."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(1024, 4097, n) + rng.integers(2048, 16385, n)).tolist()
+
+
+def test_bucketed_rows_drop_the_padding_of_a_kevin_batch():
+    """512 samples of the length mix, 4 data-parallel devices, 64k tokens per micro-batch (configs/kevin32b.py): one
+    row length for the batch pads every row to 32k (~64% padding); a row length per micro-batch pads little."""
+    lengths = _kevin_mix()
+    uniform = rl_loss.RLConfig(pack=False, micro_batch_tokens=65536)
+    bucketed = rl_loss.RLConfig(pack=False, micro_batch_tokens=65536, row_len_step=1024)
+    old, _ = rl_batch.plan_layout(lengths, uniform, row_divisor=4, max_row_len=40960)
+    new, rows = rl_batch.plan_layout(lengths, bucketed, row_divisor=4, max_row_len=40960)
+    old_padding = 1 - sum(lengths) / old.padded_tokens
+    new_padding = 1 - sum(lengths) / new.padded_tokens
+    assert old.row_len == 32768 and old_padding > 0.5
+    assert new_padding < 0.08, new_padding
+    # every sample in exactly one row, each row one sample that fits it, rows a multiple of the devices
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+    assert all(len(row) <= 1 for row in rows)
+    first = 0
+    for count, length in new.shapes:
+        assert count % 4 == 0 and count * length <= max(65536, 4 * length)
+        assert all(lengths[i] <= length for row in rows[first:first + count] for i in row)
+        first += count
+    assert len({length for _, length in new.shapes}) <= 40960 // 1024        # one shape per multiple of the step
+
+
+def test_bucketed_micro_batches_hold_every_response_token_once():
+    rng = np.random.default_rng(3)
+    samples = _samples(rng, 11, max_prompt=40, max_resp=60)
+    for s in samples:
+        s.weight = 0.1
+    cfg = rl_loss.RLConfig(pack=False, micro_batch_tokens=128, min_row_len=16, row_len_step=16)
+    mbs, layout = rl_batch.micro_batches(samples, cfg, row_divisor=2)
+    assert [mb["tokens"].shape for mb in mbs] == layout.shapes
+    assert len({shape[1] for shape in layout.shapes}) > 1          # micro-batches of different row lengths
+    assert layout.padded_tokens == sum(r * n for r, n in layout.shapes)
+    seen = []
+    for mb in mbs:
+        for r in range(mb["tokens"].shape[0]):
+            segments = set(mb["segment_ids"][r].tolist()) - {0}
+            assert segments <= {1}                                    # one right-padded sample per row
+            n = int((mb["segment_ids"][r] > 0).sum())
+            assert (mb["segment_ids"][r, :n] == 1).all()
+            seen += [int(t) for t in mb["targets"][r][mb["loss_mask"][r]]]
+    assert sorted(seen) == sorted(t for s in samples for t in s.response_tokens)
+
+
+def test_bucketed_rows_need_unpacked_rows_of_free_length():
+    with pytest.raises(ValueError, match="row_len_step"):
+        rl_loss.RLConfig(pack=True, row_len_step=1024)
+    with pytest.raises(ValueError, match="row_len_step"):
+        rl_loss.RLConfig(pack=False, row_len=4096, row_len_step=1024)
+    # the context caps a bucketed row that rounding would take past it
+    layout, _ = rl_batch.plan_layout([40000], rl_loss.RLConfig(pack=False, row_len_step=3000), max_row_len=40960)
+    assert layout.row_len == 40960
+
+
+def test_a_small_bucketed_batch_is_not_mostly_padding_rows():
+    cfg = rl_loss.RLConfig(pack=False, row_len_step=64, micro_batch_tokens=4096, min_row_len=64)
+    layout, rows = rl_batch.plan_layout([100, 90, 120], cfg, row_divisor=2)
+    assert layout.shapes == [(4, 128)]          # not the 32 rows that fill 4096 tokens
+    assert sorted(i for row in rows for i in row) == [0, 1, 2]

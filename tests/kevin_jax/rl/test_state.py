@@ -89,6 +89,23 @@ def test_unpacked_rows_give_the_same_gradient(reference):
     _assert_same(reference, got)
 
 
+def test_bucketed_rows_give_the_same_gradient(reference):
+    """A row length per micro-batch (rl.row_len_step): micro-batches of different shapes, one sample per row."""
+    mesh = parallel.make_mesh(parallel.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
+    got = _grads(mesh, rl_loss.RLConfig(micro_batch_tokens=96, min_row_len=16, pack=False, row_len_step=16),
+                 _samples())
+    assert len({length for _, length in got[2].shapes}) >= 2
+    _assert_same(reference, got)
+
+
+def test_bucketed_rows_on_eight_devices_give_the_same_gradient(reference):
+    mesh = parallel.make_mesh(parallel.ParallelConfig(data=2, fsdp=2, tensor=2), devices=jax.devices()[:8])
+    got = _grads(mesh, rl_loss.RLConfig(micro_batch_tokens=256, min_row_len=16, pack=False, row_len_step=32),
+                 _samples())
+    assert all(rows % 4 == 0 for rows, _ in got[2].shapes) and got[2].num_micro >= 2
+    _assert_same(reference, got)
+
+
 def test_eight_devices_give_the_same_gradient(reference):
     assert len(jax.devices()) >= 8, "conftest should provide 8 fake CPU devices"
     mesh = parallel.make_mesh(parallel.ParallelConfig(data=2, fsdp=2, tensor=2), devices=jax.devices()[:8])
