@@ -1,0 +1,223 @@
+"""The Ray backend's workers, one process each on the node Ray placed them on (trusted: our code only).
+
+GpuWorker: one per GPU (or CPU-mode device slot) a node offers (resource cuda_eval_gpu). It runs today's GpuPool for
+its one device (a judge and pre-started candidate workers, every sandbox and trust property of the local backend),
+installs the build products a job names into this node's build cache after checking their content hash, and answers
+each job with the WorkerOutcome as plain data and where it ran.
+
+CompileWorker: one per node offering cuda_eval_compile (CPU-only nodes too). It runs today's CompilePool and answers
+each candidate with its CompileOutcome and the bytes of its build products with their sha256: the products are read
+from our own build cache (what the compile stage copied out of the sandbox), never from anything a candidate wrote.
+
+Registration (`register()`) makes the sandbox and starts the pools: a node where that fails says why and takes no
+work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+
+from cuda_eval import api
+from cuda_eval.protocol.job import RuntimeBuild
+
+MAX_PRODUCT_BYTES = 1 << 30   # one build product shipped between nodes
+
+
+class ProductError(RuntimeError):
+    """A build product that cannot be installed where the job runs (missing, or its bytes fail their hash)."""
+
+
+def node_facts() -> dict:
+    """Which node this process is on, as the verdict's meta says it."""
+    import ray
+    return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname()}
+
+
+def _sandbox_ready(config: api.EvalConfig) -> dict:
+    """The sandbox of this node as the evaluator would make it; raises SandboxUnavailable (with the fix) if it can't."""
+    from cuda_eval.sandbox import runner as sandbox
+    sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
+    identity = sandbox.identity_mode()
+    iso = sandbox.isolation()
+    return {"identity": identity, "network": iso.get("network"), "memory_cgroup": iso.get("memory_cgroup")}
+
+
+def _cache_dir(config: api.EvalConfig) -> str:
+    from cuda_eval.compile.pool import default_cache_dir
+    return os.path.abspath(os.path.expanduser(config.cache_dir or default_cache_dir()))
+
+
+class GpuWorker:
+    def __init__(self, settings: dict):
+        self.config = api.EvalConfig(**settings)
+        self.pool = None
+        self.facts: dict = {}
+
+    def register(self) -> dict:
+        """{"ok": True, facts} once the sandbox is made and the judge of this device answered; else {"ok": False,
+        "error"}: this worker then takes no work."""
+        try:
+            return self._register()
+        except Exception as e:  # noqa: BLE001 - said at registration, never a job's verdict
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000], **self.facts}
+
+    def _register(self) -> dict:
+        cfg = self.config
+        self.facts = node_facts()
+        if cfg.device_type == "cuda":
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            self.facts["gpu"] = visible.split(",")[0] if visible else "?"
+            devices = (0,)
+        else:
+            self.facts["gpu"] = f"cpu-slot-{os.getpid()}"
+            devices = ("cpu0",)
+        self.facts["sandbox"] = _sandbox_ready(cfg)
+        facts = api.gpu_facts(0) if cfg.device_type == "cuda" else []
+        if facts:
+            self.facts.update(gpu_name=facts[0]["name"], capability=facts[0]["capability"],
+                              arch=api.arch_of_capability(facts[0]["capability"]))
+        from cuda_eval.compile.cache import BuildCache
+        from cuda_eval.gpu_pool import GpuPool
+        from cuda_eval.sandbox import safe_dirs
+        cache_dir = safe_dirs.ensure_dir(_cache_dir(cfg), 0o755, what="the build cache dir",
+                                         fix=safe_dirs.fix_hint("EvalConfig.cache_dir / $CUDA_EVAL_CACHE_DIR"))
+        self.cache_dir = cache_dir
+        self.cache = BuildCache(os.path.join(cache_dir, "builds"), cfg.cache_max_bytes)
+        self.pool = GpuPool(api.pool_config(cfg, devices))
+        info = self.pool.device_info(timeout_s=cfg.worker_start_timeout_s)
+        if info is None:
+            raise RuntimeError(f"the judge did not start within {cfg.worker_start_timeout_s:.0f} s")
+        self.facts.update(gpu_name=info.get("gpu_name") or self.facts.get("gpu_name"),
+                          torch_version=info.get("torch_version"))
+        self.runtime_build = self._runtime_build()
+        return {"ok": True, **self.facts}
+
+    def _runtime_build(self) -> dict | None:
+        """This node's own toolchain for an extension reached only at run time (none where it has no compiler)."""
+        from cuda_eval.compile import toolchain as tcmod
+        if self.config.device_type != "cuda" or not self.facts.get("arch"):
+            return None
+        try:
+            tc = tcmod.detect(self.config.arch if self.config.arch != "auto" else self.facts["arch"],
+                              cache_dir=self.cache_dir)
+        except Exception:  # noqa: BLE001 - the prebuilt modules still run; a run-time build then fails clearly
+            return None
+        return dataclasses.asdict(RuntimeBuild(toolchain=tc.to_dict(), cache_dir=self.cache_dir,
+                                               timeout_s=self.config.compile_timeout_s))
+
+    def run(self, payload: dict, timeout_s: float, *products: dict) -> dict:
+        """One job of the GPU pool. `products`: the compile workers' {spec_hash: {name, sha256, data}}."""
+        if self.pool is None:
+            raise RuntimeError("GpuWorker.run before a successful register()")
+        payload = dict(payload, modules=self._install(payload.get("modules") or [], products),
+                       runtime_build=self.runtime_build)
+        if isinstance(payload.get("config"), dict):   # the profiler's tools: this node's
+            from cuda_eval.profile import kernel_profile
+            payload["config"] = dict(payload["config"], profile_tools={"cuobjdump": kernel_profile.find_cuobjdump(
+                (self.runtime_build or {}).get("toolchain", {}).get("cuda_home"))})
+        outcome = self.pool.submit(payload, timeout_s).result()
+        out = dataclasses.asdict(outcome)
+        out["placement"] = dict(self.facts)
+        return out
+
+    def _install(self, modules: list, products: tuple) -> list:
+        """Each module's product into this node's build cache (content-addressed by the compile stage's key), its
+        bytes checked against the sha256 the compile worker computed; the module then names the local file."""
+        shipped: dict = {}
+        for p in products:
+            shipped.update(p)
+        out = []
+        for m in modules:
+            key = m.get("spec_hash")
+            product = shipped.get(key)
+            if product is None:
+                raise ProductError(f"the build product of extension {m.get('name')!r} ({key}) was not shipped")
+            data, name = product["data"], product["name"]
+            if hashlib.sha256(data).hexdigest() != product["sha256"]:
+                raise ProductError(f"the build product {name} ({key}) failed its sha256 check on this node")
+            entry = self.cache.lookup(key, required=(name,))
+            if entry is None:
+                incoming = tempfile.mkdtemp(prefix="incoming-", dir=self.cache_dir)   # ours, 0700
+                try:
+                    path = os.path.join(incoming, name)
+                    with open(path, "xb") as f:
+                        f.write(data)
+                    os.chmod(path, 0o755)
+                    entry = self.cache.publish(key, {name: path}, dict(product.get("meta") or {}, shipped=True),
+                                               move=True)
+                finally:
+                    shutil.rmtree(incoming, ignore_errors=True)
+            out.append(dict(m, so_path=entry.file(name)))
+        return out
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+class CompileWorker:
+    def __init__(self, settings: dict, arch: str, workers: int):
+        self.config = api.EvalConfig(**settings)
+        self.arch, self.workers = arch, workers
+        self.pool = None
+        self.facts: dict = {}
+
+    def register(self) -> dict:
+        try:
+            return self._register()
+        except Exception as e:  # noqa: BLE001 - said at registration
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000], **self.facts}
+
+    def _register(self) -> dict:
+        cfg = self.config
+        self.facts = node_facts()
+        self.facts["sandbox"] = _sandbox_ready(cfg)
+        if cfg.device_type == "cuda":
+            api.check_nvcc_arch(self.arch)
+        from cuda_eval.compile.pool import CompileConfig, CompilePool
+        self.pool = CompilePool(CompileConfig(
+            workers=self.workers, arch=self.arch, cache_dir=_cache_dir(cfg), cache_max_bytes=cfg.cache_max_bytes,
+            record_timeout_s=cfg.record_timeout_s, compile_timeout_s=cfg.compile_timeout_s,
+            max_log_chars=cfg.max_log_chars, parallel_phases=cfg.compile_parallel_phases))
+        if cfg.compile_pch_at_start:
+            for extra in ((), ("-O3",)):
+                self.pool.warm(extra)
+        self.facts["toolchain"] = self.pool.toolchain.summary()
+        self.facts["workers"] = self.workers
+        return {"ok": True, **self.facts}
+
+    def compile(self, task_source: str, code: str) -> tuple[dict, dict]:
+        """(CompileOutcome as plain data with this node's facts, {spec_hash: {name, sha256, data, meta}})."""
+        if self.pool is None:
+            raise RuntimeError("CompileWorker.compile before a successful register()")
+        outcome = self.pool.compile(task_source, code)
+        products = {}
+        for m in outcome.modules:
+            size = os.path.getsize(m.so_path)
+            if size > MAX_PRODUCT_BYTES:
+                raise ProductError(f"build product {m.so_path} is {size} bytes")
+            with open(m.so_path, "rb") as f:   # our cache's file (copied out of the sandbox by the compile stage)
+                data = f.read()
+            products[m.spec_hash] = {"name": os.path.basename(m.so_path), "sha256": hashlib.sha256(data).hexdigest(),
+                                     "data": data, "meta": {"name": m.name, "header_mode": m.header_mode,
+                                                            "toolchain": outcome.toolchain}}
+        out = outcome.to_dict()
+        out["placement"] = dict(self.facts, toolchain=None)
+        return out, products
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
