@@ -25,6 +25,7 @@ import time
 from typing import Any, Sequence
 
 from cuda_eval import feedback, scoring
+from cuda_eval.cluster import EvaluatorTimeout  # the Ray backend's deadline verdict (no ray import)
 from cuda_eval.profile import kernel_profile
 from cuda_eval.protocol.job import DynamicChecks, JobConfig, JobPayload, JobTiming, RuntimeBuild
 from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
@@ -182,15 +183,6 @@ FEEDBACK_MODES = ("kevin", "profile")
 STRICT_FP32_TOLERANCE = 1e-4   # atol = rtol for float32 outputs under the strict profile (EvalConfig.strict)
 # How a verdict that is our failure, not the candidate's, begins (its meta also says internal_error).
 INTERNAL_ERROR = "internal evaluator error (not the candidate's fault): "
-
-
-class EvaluatorTimeout(RuntimeError):
-    """A candidate outlived a deadline of the Ray backend (EvalConfig.ray_candidate_deadline_s, ray_batch_deadline_s):
-    its verdict says evaluator_timeout and where it stopped (`where`: stage, node, GPU, seconds); it is not judged."""
-
-    def __init__(self, message: str, where: dict):
-        super().__init__(message)
-        self.where = where
 
 
 @dataclasses.dataclass
@@ -472,7 +464,8 @@ class Evaluator:
         self.cluster = None
         if config.backend == "ray" and (compile_pool is None or gpu_pool is None):
             from cuda_eval.cluster.ray_pool import RayCluster   # ray is imported only for this backend
-            self.cluster = RayCluster(config)
+            slot = (0,) if config.device_type == "cuda" else ("cpu0",)   # what each GPU worker runs: one device
+            self.cluster = RayCluster(config, pool_config(config, slot), check_arch=check_nvcc_arch)
             n_gpus = self.cluster.device_slots()
         else:
             n_gpus = visible_gpu_count() if config.device_type == "cuda" else 0

@@ -7,7 +7,18 @@ processes of gpu_pool and compile/ on the node that took the job.
     actors.py     the workers' side (one Ray actor per GPU, one per compile node): today's GPU pool and compile pool,
                   build products shipped by content hash
 
-Nothing here is imported by cuda_eval.api unless the Ray backend is chosen (importing api imports no ray).
+Only this file is imported by cuda_eval.api at start-up; ray_pool (and ray) only when the Ray backend is chosen. The
+workers get their settings as plain dataclasses (PoolConfig, CompileConfig) built by the evaluator: nothing here
+imports cuda_eval.api.
 """
 GPU_RESOURCE = "cuda_eval_gpu"          # a node offers one per GPU (or CPU-mode device slot) that evaluation may use
 COMPILE_RESOURCE = "cuda_eval_compile"  # a node offers one per concurrent build
+
+
+class EvaluatorTimeout(RuntimeError):
+    """A candidate outlived a deadline of the Ray backend (EvalConfig.ray_candidate_deadline_s, ray_batch_deadline_s):
+    its verdict says evaluator_timeout and where it stopped (`where`: stage, node, GPU, seconds); it is not judged."""
+
+    def __init__(self, message: str, where: dict):
+        super().__init__(message)
+        self.where = where

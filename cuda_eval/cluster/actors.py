@@ -21,7 +21,6 @@ import shutil
 import socket
 import tempfile
 
-from cuda_eval import api
 from cuda_eval.protocol.job import RuntimeBuild
 
 MAX_PRODUCT_BYTES = 1 << 30   # one build product shipped between nodes
@@ -38,23 +37,38 @@ def node_facts() -> dict:
             "hostname": socket.gethostname()}
 
 
-def _sandbox_ready(config: api.EvalConfig) -> dict:
-    """The sandbox of this node as the evaluator would make it; raises SandboxUnavailable (with the fix) if it can't."""
+def _sandbox_ready(sandbox_settings: dict) -> dict:
+    """The sandbox of this node as the evaluator would make it ({uid_range, allow_unsandboxed}, from EvalConfig);
+    raises SandboxUnavailable (with the fix) if it cannot be made."""
     from cuda_eval.sandbox import runner as sandbox
-    sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
+    sandbox.configure(**sandbox_settings)
     identity = sandbox.identity_mode()
     iso = sandbox.isolation()
     return {"identity": identity, "network": iso.get("network"), "memory_cgroup": iso.get("memory_cgroup")}
 
 
-def _cache_dir(config: api.EvalConfig) -> str:
+def _cache_dir(cache_dir: str) -> str:
+    """EvalConfig.cache_dir, or this node's $CUDA_EVAL_CACHE_DIR / default."""
     from cuda_eval.compile.pool import default_cache_dir
-    return os.path.abspath(os.path.expanduser(config.cache_dir or default_cache_dir()))
+    return os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """What a worker needs beside its pool's config (from EvalConfig, made by the evaluator)."""
+    sandbox: dict                     # sandbox.configure's arguments
+    cache_dir: str                    # "" = the node's $CUDA_EVAL_CACHE_DIR or default
+    cache_max_bytes: int
+    device_type: str
+    arch: str                         # EvalConfig.arch ("auto": the node's GPU)
+    compile_timeout_s: float          # run-time builds
+    auto_spares: bool                 # EvalConfig.spare_workers = 0: spares from this node's cores
+    pch_at_start: bool = False
 
 
 class GpuWorker:
-    def __init__(self, settings: dict):
-        self.config = api.EvalConfig(**settings)
+    def __init__(self, pool_config, settings: NodeSettings):
+        self.pool_config, self.settings = pool_config, settings
         self.pool = None
         self.facts: dict = {}
 
@@ -67,48 +81,47 @@ class GpuWorker:
             return {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000], **self.facts}
 
     def _register(self) -> dict:
-        cfg = self.config
+        st = self.settings
         self.facts = node_facts()
-        if cfg.device_type == "cuda":
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        if st.device_type == "cuda":
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")   # Ray's choice for this actor (num_gpus=1)
             self.facts["gpu"] = visible.split(",")[0] if visible else "?"
-            devices = (0,)
+            from cuda_eval.compile import toolchain as tcmod
+            self.facts["arch"] = tcmod.gpu_arch()
         else:
             self.facts["gpu"] = f"cpu-slot-{os.getpid()}"
-            devices = ("cpu0",)
-        self.facts["sandbox"] = _sandbox_ready(cfg)
-        facts = api.gpu_facts(0) if cfg.device_type == "cuda" else []
-        if facts:
-            self.facts.update(gpu_name=facts[0]["name"], capability=facts[0]["capability"],
-                              arch=api.arch_of_capability(facts[0]["capability"]))
+        self.facts["sandbox"] = _sandbox_ready(st.sandbox)
         from cuda_eval.compile.cache import BuildCache
+        from cuda_eval.compile.pool import usable_cpus
         from cuda_eval.gpu_pool import GpuPool
         from cuda_eval.sandbox import safe_dirs
-        cache_dir = safe_dirs.ensure_dir(_cache_dir(cfg), 0o755, what="the build cache dir",
+        cache_dir = safe_dirs.ensure_dir(_cache_dir(st.cache_dir), 0o755, what="the build cache dir",
                                          fix=safe_dirs.fix_hint("EvalConfig.cache_dir / $CUDA_EVAL_CACHE_DIR"))
         self.cache_dir = cache_dir
-        self.cache = BuildCache(os.path.join(cache_dir, "builds"), cfg.cache_max_bytes)
-        self.pool = GpuPool(api.pool_config(cfg, devices))
-        info = self.pool.device_info(timeout_s=cfg.worker_start_timeout_s)
+        self.cache = BuildCache(os.path.join(cache_dir, "builds"), st.cache_max_bytes)
+        pool_config = self.pool_config
+        if st.auto_spares:   # api.auto_spare_workers' rule for one device, on this node's cores
+            pool_config = dataclasses.replace(pool_config, spares=max(2, min(8, usable_cpus() // 2)))
+        self.pool = GpuPool(pool_config)
+        info = self.pool.device_info(timeout_s=pool_config.start_timeout_s)
         if info is None:
-            raise RuntimeError(f"the judge did not start within {cfg.worker_start_timeout_s:.0f} s")
-        self.facts.update(gpu_name=info.get("gpu_name") or self.facts.get("gpu_name"),
-                          torch_version=info.get("torch_version"))
+            raise RuntimeError(f"the judge did not start within {pool_config.start_timeout_s:.0f} s")
+        self.facts.update(gpu_name=info.get("gpu_name"), torch_version=info.get("torch_version"))
         self.runtime_build = self._runtime_build()
         return {"ok": True, **self.facts}
 
     def _runtime_build(self) -> dict | None:
         """This node's own toolchain for an extension reached only at run time (none where it has no compiler)."""
         from cuda_eval.compile import toolchain as tcmod
-        if self.config.device_type != "cuda" or not self.facts.get("arch"):
+        st = self.settings
+        if st.device_type != "cuda" or not self.facts.get("arch"):
             return None
         try:
-            tc = tcmod.detect(self.config.arch if self.config.arch != "auto" else self.facts["arch"],
-                              cache_dir=self.cache_dir)
+            tc = tcmod.detect(st.arch if st.arch != "auto" else self.facts["arch"], cache_dir=self.cache_dir)
         except Exception:  # noqa: BLE001 - the prebuilt modules still run; a run-time build then fails clearly
             return None
         return dataclasses.asdict(RuntimeBuild(toolchain=tc.to_dict(), cache_dir=self.cache_dir,
-                                               timeout_s=self.config.compile_timeout_s))
+                                               timeout_s=st.compile_timeout_s))
 
     def run(self, payload: dict, timeout_s: float, *products: dict) -> dict:
         """One job of the GPU pool. `products`: the compile workers' {spec_hash: {name, sha256, data}}."""
@@ -165,9 +178,8 @@ class GpuWorker:
 
 
 class CompileWorker:
-    def __init__(self, settings: dict, arch: str, workers: int):
-        self.config = api.EvalConfig(**settings)
-        self.arch, self.workers = arch, workers
+    def __init__(self, compile_config, settings: NodeSettings, check_arch=None):
+        self.compile_config, self.settings, self.check_arch = compile_config, settings, check_arch
         self.pool = None
         self.facts: dict = {}
 
@@ -178,21 +190,18 @@ class CompileWorker:
             return {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000], **self.facts}
 
     def _register(self) -> dict:
-        cfg = self.config
         self.facts = node_facts()
-        self.facts["sandbox"] = _sandbox_ready(cfg)
-        if cfg.device_type == "cuda":
-            api.check_nvcc_arch(self.arch)
-        from cuda_eval.compile.pool import CompileConfig, CompilePool
-        self.pool = CompilePool(CompileConfig(
-            workers=self.workers, arch=self.arch, cache_dir=_cache_dir(cfg), cache_max_bytes=cfg.cache_max_bytes,
-            record_timeout_s=cfg.record_timeout_s, compile_timeout_s=cfg.compile_timeout_s,
-            max_log_chars=cfg.max_log_chars, parallel_phases=cfg.compile_parallel_phases))
-        if cfg.compile_pch_at_start:
+        self.facts["sandbox"] = _sandbox_ready(self.settings.sandbox)
+        if self.check_arch is not None and self.settings.device_type == "cuda":
+            self.check_arch(self.compile_config.arch)   # this node's nvcc builds for the GPUs' arch, or says so
+        from cuda_eval.compile.pool import CompilePool
+        config = dataclasses.replace(self.compile_config, cache_dir=_cache_dir(self.compile_config.cache_dir))
+        self.pool = CompilePool(config)
+        if self.settings.pch_at_start:
             for extra in ((), ("-O3",)):
                 self.pool.warm(extra)
         self.facts["toolchain"] = self.pool.toolchain.summary()
-        self.facts["workers"] = self.workers
+        self.facts["workers"] = config.workers
         return {"ok": True, **self.facts}
 
     def compile(self, task_source: str, code: str) -> tuple[dict, dict]:
@@ -211,7 +220,7 @@ class CompileWorker:
                                      "data": data, "meta": {"name": m.name, "header_mode": m.header_mode,
                                                             "toolchain": outcome.toolchain}}
         out = outcome.to_dict()
-        out["placement"] = dict(self.facts, toolchain=None)
+        out["placement"] = {k: v for k, v in self.facts.items() if k != "toolchain"}
         return out, products
 
     def pid(self) -> int:

@@ -29,9 +29,8 @@ from typing import Any, Callable
 
 import ray
 
-from cuda_eval import api
-from cuda_eval.cluster import COMPILE_RESOURCE, GPU_RESOURCE
-from cuda_eval.cluster.actors import CompileWorker, GpuWorker
+from cuda_eval.cluster import COMPILE_RESOURCE, GPU_RESOURCE, EvaluatorTimeout
+from cuda_eval.cluster.actors import CompileWorker, GpuWorker, NodeSettings
 
 log = logging.getLogger(__name__)
 DISCOVER_EVERY_S = 2.0          # how often joined nodes are looked for
@@ -296,7 +295,7 @@ class Dispatcher:
             where = {"stage": job.stage, "state": "running", "seconds": round(now - job.dispatched, 1),
                      "deadline": "candidate", "deadline_s": job.deadline_s, "attempts": job.attempts,
                      **_short(job.slot.facts)}
-            _fail(job.future, api.EvaluatorTimeout(
+            _fail(job.future, EvaluatorTimeout(
                 f"the {job.stage} stage ran {where['seconds']:.0f} s on {_describe(where)}, past the candidate "
                 f"deadline of {job.deadline_s:.0f} s (EvalConfig.ray_candidate_deadline_s)", where))
 
@@ -323,6 +322,7 @@ class RayCompilePool:
     """CompilePool's face: submit(task_source, code) -> Future[CompileOutcome] (with .placement: its node)."""
 
     def __init__(self, cluster: "RayCluster", arch: str):
+        """Compile workers for `arch`, one per node offering cuda_eval_compile."""
         self.cluster, self.arch = cluster, arch
         self.toolchain = None   # each GPU node uses its own for run-time builds (actors.GpuWorker)
         cache_dir = cluster.config.cache_dir or os.environ.get("CUDA_EVAL_CACHE_DIR", "/var/tmp/cuda_eval_cache")
@@ -333,12 +333,17 @@ class RayCompilePool:
         self.dispatcher = Dispatcher("compile", COMPILE_RESOURCE, self._make_actors, 0, cluster.config.ray_max_attempts)
 
     def _make_actors(self, node: dict) -> list:
+        from cuda_eval.compile.pool import CompileConfig
         cfg = self.cluster.config
         workers = int(node["Resources"][COMPILE_RESOURCE])
+        compile_config = CompileConfig(   # as api.Evaluator makes the local one, with this node's build slots
+            workers=workers, arch=self.arch, cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes,
+            record_timeout_s=cfg.record_timeout_s, compile_timeout_s=cfg.compile_timeout_s,
+            max_log_chars=cfg.max_log_chars, parallel_phases=cfg.compile_parallel_phases)
         actor = ray.remote(CompileWorker).options(
             num_cpus=0, resources={COMPILE_RESOURCE: workers}, max_concurrency=workers + 2,
             scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-        ).remote(self.cluster.settings, self.arch, workers)
+        ).remote(compile_config, self.cluster.node_settings, self.cluster.check_arch)
         return [(f"compile@{node['NodeID'][:12]}", actor)]
 
     def submit(self, task_source: str, code: str) -> concurrent.futures.Future:
@@ -449,10 +454,15 @@ class RayGpuPool:
 class RayCluster:
     """The evaluator's connection to the Ray cluster and its two kinds of workers."""
 
-    def __init__(self, config: api.EvalConfig):
-        self.config = config
-        self.settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        self.settings["backend"] = "local"     # what each worker runs is the local backend
+    def __init__(self, config, pool_config, check_arch: Callable | None = None):
+        """`config`: the EvalConfig; `pool_config`: the PoolConfig each GPU worker runs (one device);
+        `check_arch(arch)`: raises where a compile node's nvcc cannot build for the GPUs' arch."""
+        self.config, self.pool_config, self.check_arch = config, pool_config, check_arch
+        self.node_settings = NodeSettings(
+            sandbox={"uid_range": config.sandbox_uids, "allow_unsandboxed": config.allow_unsandboxed},
+            cache_dir=config.cache_dir, cache_max_bytes=config.cache_max_bytes, device_type=config.device_type,
+            arch=config.arch, compile_timeout_s=config.compile_timeout_s, auto_spares=not config.spare_workers,
+            pch_at_start=config.compile_pch_at_start)
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             ray.init(address=config.ray_address, namespace="cuda_eval", log_to_driver=False,
@@ -476,7 +486,7 @@ class RayCluster:
                 num_cpus=0, num_gpus=gpus, resources={GPU_RESOURCE: 1}, max_concurrency=4,
                 scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
                     node["NodeID"], soft=False),
-            ).remote(self.settings)
+            ).remote(self.pool_config, self.node_settings)
             actors.append((f"gpu{i}@{node['NodeID'][:12]}", actor))
         return actors
 
@@ -548,7 +558,7 @@ class RayCluster:
                                else f"running on {_describe(where)} for {where.get('seconds', 0):.0f} s"
                                if where.get("state") == "running" else where["state"]))
                     try:
-                        evaluator._evaluator_timeout(state, api.EvaluatorTimeout(text, where))
+                        evaluator._evaluator_timeout(state, EvaluatorTimeout(text, where))
                     except Exception:  # noqa: BLE001 - the watcher must go on
                         log.exception("cuda_eval: batch deadline")
                     if state.stage_future is not None:

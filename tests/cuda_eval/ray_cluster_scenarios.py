@@ -5,7 +5,8 @@ servers listen on loopback only. Writes what it saw as JSON to argv[1]; the test
 Nodes: the head (this process: the "trainer's host", no evaluation resources), a compile node (cuda_eval_compile
 only), a timing node (cuda_eval_gpu only), a timing node whose sandbox cannot be made; each node has a build cache
 of its own, so every build is shipped.
-Scenarios, one cluster:
+The compile node's build cache may be given (argv[2]: the test run's shared cache, whose C++ toolkit build is then a
+hit); the local backend uses it too. Scenarios, one cluster:
   verdicts   a CPU-corpus mix through the Ray backend and through the local backend
   node_loss  a batch; the timing node is killed while it runs a job; a new timing node joins; the batch completes
   deadlines  a hanging candidate past the candidate deadline; a batch past the batch deadline
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -47,7 +49,7 @@ def summary(r) -> dict:
             "internal_error": bool(r.meta.get("internal_error"))}
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, compile_cache: str | None = None) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -58,7 +60,7 @@ def main(out_path: str) -> None:
     os.chmod(root, 0o711)
 
     def node_env(name: str) -> dict:
-        cache = os.path.join(root, f"cache_{name}")
+        cache = compile_cache if name == "compile" and compile_cache else os.path.join(root, f"cache_{name}")
         return {"CUDA_EVAL_CACHE_DIR": cache}
 
     def event(what: str, **kw) -> None:
@@ -66,12 +68,23 @@ def main(out_path: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {what} {kw}", flush=True)
 
     t0 = time.monotonic()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    compile_node = cluster.add_node(num_cpus=0, resources={"cuda_eval_compile": 2}, env_vars=node_env("compile"))
-    timing_node = cluster.add_node(num_cpus=0, resources={"cuda_eval_gpu": 1}, env_vars=node_env("timing1"))
-    # a node whose sandbox cannot be made (as root, candidates would run as root): it must take no work
-    cluster.add_node(num_cpus=0, resources={"cuda_eval_gpu": 1},
-                     env_vars=dict(node_env("nosandbox"), CUDA_EVAL_SANDBOX_IDENTITY="same"))
+    for attempt in range(3):   # Ray gives a node 30 s to start: a machine loaded by other work may miss that
+        cluster = None
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+            compile_node = cluster.add_node(num_cpus=0, resources={"cuda_eval_compile": 2},
+                                            env_vars=node_env("compile"))
+            timing_node = cluster.add_node(num_cpus=0, resources={"cuda_eval_gpu": 1}, env_vars=node_env("timing1"))
+            # a node whose sandbox cannot be made (as root, candidates would run as root): it must take no work
+            cluster.add_node(num_cpus=0, resources={"cuda_eval_gpu": 1},
+                             env_vars=dict(node_env("nosandbox"), CUDA_EVAL_SANDBOX_IDENTITY="same"))
+            break
+        except Exception as e:  # noqa: BLE001
+            event("cluster start failed", error=str(e)[:200], attempt=attempt)
+            if cluster is not None:
+                cluster.shutdown()
+            if attempt == 2:
+                raise
     ray.init(address=cluster.address, namespace="cuda_eval", logging_level="WARNING", log_to_driver=False)
     out["nodes"] = {"head": ray.get_runtime_context().get_node_id(), "compile": compile_node.node_id,
                     "timing1": timing_node.node_id}
@@ -109,7 +122,8 @@ def main(out_path: str) -> None:
         event("node_loss batch complete")
         ev.close()
         # --- the local backend on the same requests ------------------------------------------------------------
-        local = Evaluator(cpu_config(cache_dir=os.path.join(root, "cache_local")))
+        # the compile node's cache: its builds (the same content addresses) are hits here
+        local = Evaluator(cpu_config(cache_dir=node_env("compile")["CUDA_EVAL_CACHE_DIR"]))
         out["local"] = [summary(r) for r in local.evaluate(requests)]
         local.close()
         event("local verdicts")
@@ -129,7 +143,8 @@ def main(out_path: str) -> None:
             json.dump(out, f, indent=1)
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from sandbox_fixtures import run_lock, shared_dir, toolchain  # noqa: F401
+
 pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +31,7 @@ def _skip_reason() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def seen(tmp_path_factory):
+def seen(tmp_path_factory, shared_dir, toolchain):  # noqa: F811  (the run's build cache: toolkit builds are hits)
     why = _skip_reason()
     if why:
         pytest.skip(why)
@@ -37,8 +39,8 @@ def seen(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]),
                RAY_DISABLE_USAGE_STATS="1", RAY_USAGE_STATS_ENABLED="0")
     script = os.path.join(HERE, "ray_cluster_scenarios.py")
-    proc = subprocess.run(["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2"',
-                           sys.executable, script, str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run(["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$1" "$2" "$3"',
+                           sys.executable, script, str(out), str(shared_dir / "cache")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1500)
     log = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "[state-dump]" not in line)
     assert proc.returncode == 0 and out.exists(), log[-8000:]
