@@ -21,6 +21,7 @@ of >= 50 us (target <= 0.02).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,6 +36,27 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import corpus_index  # noqa: E402
 from eval_throughput import the_mix  # noqa: E402
+
+
+def add_gpu_node(cluster, gpu: str, cores: int):
+    """A node of `cluster` that gives evaluation GPU `gpu` and `cores` build slots. CUDA_VISIBLE_DEVICES is set for
+    the node's processes and, while the node starts, in this process too: Ray reads the node's GPU ids from it."""
+    with _visible(gpu):
+        return cluster.add_node(num_cpus=cores, num_gpus=1, env_vars={"CUDA_VISIBLE_DEVICES": gpu},
+                                resources={"cuda_eval_gpu": 1, "cuda_eval_compile": cores})
+
+
+@contextlib.contextmanager
+def _visible(gpu: str):
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
 def config(args, **kw):
@@ -90,10 +112,7 @@ def step_ray(args, n: int) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "num_gpus": 0,
                                                              "include_dashboard": False})
     for k in range(n):
-        gpu = args.first_gpu + k
-        cluster.add_node(num_cpus=args.cores_per_gpu, num_gpus=1,
-                         resources={"cuda_eval_gpu": 1, "cuda_eval_compile": args.cores_per_gpu},
-                         env_vars={"CUDA_VISIBLE_DEVICES": str(gpu)})
+        add_gpu_node(cluster, str(args.first_gpu + k), args.cores_per_gpu)
     ray.init(address=cluster.address, namespace="cuda_eval", logging_level="WARNING", log_to_driver=False)
     try:
         ev = Evaluator(config(args, backend="ray"))
@@ -103,6 +122,9 @@ def step_ray(args, n: int) -> None:
             time.sleep(0.5)
         startup = time.monotonic() - t0
         workers = ev.cluster.workers()
+        gpus = sorted(w["gpu"] for w in workers["gpu"])
+        if len(set(gpus)) != n:
+            sys.exit(f"ray {n}: the GPU workers got GPUs {gpus}, not {n} distinct ones (Ray's GPU ids per node)")
         print(f"ray {n}: {len(workers['gpu'])} GPU workers, {len(workers['compile'])} compile workers, "
               f"refused {workers['gpu_refused'] or 'none'}, start-up {startup:.0f} s", flush=True)
         out = timed_pass(ev, args)

@@ -11,9 +11,31 @@ head and the nodes with `ray start` instead (README, "Evaluation on a cluster").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
+
+
+def add_gpu_node(cluster, gpu: str, cores: int):
+    """A node of `cluster` that gives evaluation GPU `gpu` and `cores` build slots. CUDA_VISIBLE_DEVICES is set for
+    the node's processes and, while the node starts, in this process too: Ray reads the node's GPU ids from it."""
+    with _visible(gpu):
+        return cluster.add_node(num_cpus=cores, num_gpus=1, env_vars={"CUDA_VISIBLE_DEVICES": gpu},
+                                resources={"cuda_eval_gpu": 1, "cuda_eval_compile": cores})
+
+
+@contextlib.contextmanager
+def _visible(gpu: str):
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
 def main() -> int:
@@ -30,8 +52,7 @@ def main() -> int:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "num_gpus": 0,
                                                              "include_dashboard": False})
     for gpu in [g.strip() for g in args.gpus.split(",") if g.strip()]:
-        cluster.add_node(num_cpus=args.cores_per_gpu, num_gpus=1, env_vars={"CUDA_VISIBLE_DEVICES": gpu},
-                         resources={"cuda_eval_gpu": 1, "cuda_eval_compile": args.cores_per_gpu})
+        add_gpu_node(cluster, gpu, args.cores_per_gpu)
     cluster.wait_for_nodes()
     print(f"ray cluster at {cluster.address}: head (no evaluation) + GPUs {args.gpus}", flush=True)
     try:
