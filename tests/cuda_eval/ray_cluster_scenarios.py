@@ -49,9 +49,29 @@ def summary(r) -> dict:
             "internal_error": bool(r.meta.get("internal_error"))}
 
 
+def patient_node_start(limit_s: float = 180.0) -> None:
+    """Ray waits 30 s (a constant in ray/_private/node.py) for a starting node to register, asking
+    services.get_node in a loop; on a machine busy with other work a node can take longer. The lookup is made to keep
+    asking for up to `limit_s` before it reports the node missing (test clusters only)."""
+    from ray._private import services
+    original = services.get_node
+
+    def get_node(*args, **kwargs):
+        deadline = time.monotonic() + limit_s
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    services.get_node = get_node
+
+
 def main(out_path: str, compile_cache: str | None = None) -> None:
     import ray
     from ray.cluster_utils import Cluster
+    patient_node_start()
 
     from cuda_eval.api import Evaluator
     by_name = {c.name: c for c in corpus_index.load("cpu")}
