@@ -14,7 +14,7 @@
 # (compile cores per GPU: nproc / 4). Ray must be importable (README, "Evaluation on a cluster").
 set -u
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/ray_eval}
 CORES=${CORES:-$(( $(nproc) / 4 ))}
 mkdir -p "$WORK"

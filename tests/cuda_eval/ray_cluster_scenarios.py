@@ -49,6 +49,18 @@ def summary(r) -> dict:
             "internal_error": bool(r.meta.get("internal_error"))}
 
 
+def shipped_entries(cache_dir: str) -> list[dict]:
+    """The build-cache entries a GPU node installed from shipped products (their meta.json)."""
+    found = []
+    for root, _, files in os.walk(os.path.join(cache_dir, "builds", "entries")):
+        if "meta.json" in files:
+            with open(os.path.join(root, "meta.json")) as f:
+                meta = json.load(f)
+            if meta.get("shipped"):
+                found.append({"key": os.path.basename(root), "name": meta.get("name")})
+    return found
+
+
 def patient_node_start(limit_s: float = 180.0) -> None:
     """Ray waits 30 s (a constant in ray/_private/node.py) for a starting node to register, asking
     services.get_node in a loop; on a machine busy with other work a node can take longer. The lookup is made to keep
@@ -116,6 +128,7 @@ def main(out_path: str, compile_cache: str | None = None) -> None:
         event("ray evaluator up")
         out["ray"] = [summary(r) for r in ev.evaluate(requests)]
         out["workers"] = ev.cluster.workers()
+        out["timing1_shipped"] = shipped_entries(node_env("timing1")["CUDA_EVAL_CACHE_DIR"])
         event("ray verdicts")
         # --- node_loss: the timing node dies mid-batch, another joins -------------------------------------------
         batch = [corpus_index.request(by_name[n], request_id=f"loss{i}-{n}")

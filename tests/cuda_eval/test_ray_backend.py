@@ -66,6 +66,8 @@ def test_built_on_one_node_timed_on_another(seen):
     for s in seen["ray"]:
         assert s["built_on"]["node_id"] == nodes["compile"], s
         assert s["timed_on"]["node_id"] == nodes["timing1"], s
+    # each build was shipped: the timing node's own cache holds it, installed from the compile node's bytes
+    assert seen["timing1_shipped"], seen.get("timing1_shipped")
     # no evaluation on the head (the trainer's host): it offers no worker resource
     workers = seen["workers"]
     assert {w["node_id"] for w in workers["gpu"]} == {nodes["timing1"]}
