@@ -104,6 +104,6 @@ def test_batch_deadline_gives_evaluator_timeout(seen):
     for s in seen["batch_deadline"]:
         assert s["runtime_error"].startswith("evaluator_timeout"), s
         where = s["evaluator_timeout"]
-        assert where["deadline"] == "batch" and where["stage"] == "gpu", where
-        assert where["state"] in ("queued", "running"), where
+        assert where["deadline"] == "batch" and where["stage"] in ("compile", "gpu"), where
+        assert where["state"] in ("queued", "running"), where   # the workers of a new evaluator may still start
     assert any(s["evaluator_timeout"]["state"] == "queued" for s in seen["batch_deadline"])
