@@ -456,6 +456,7 @@ class Evaluator:
 
     `compile_pool` / `gpu_pool` may be passed in already built (tests, benchmarks); they are then not closed here.
     """
+    cluster = None   # with EvalConfig.backend="ray": the RayCluster that builds both pools (cuda_eval/cluster/)
 
     def __init__(self, config: EvalConfig | None = None, *, compile_pool=None, gpu_pool=None):
         self.config = config = config or EvalConfig()
