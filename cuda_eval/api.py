@@ -464,7 +464,11 @@ class Evaluator:
         sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
         self.cluster = None
         if config.backend == "ray" and (compile_pool is None or gpu_pool is None):
-            from cuda_eval.cluster.ray_pool import RayCluster   # ray is imported only for this backend
+            try:
+                from cuda_eval.cluster.ray_pool import RayCluster   # ray is imported only for this backend
+            except ImportError as e:
+                raise RuntimeError(f"EvalConfig.backend='ray' needs the ray package ({e}): pip install -r "
+                                   "requirements.txt") from e
             slot = (0,) if config.device_type == "cuda" else ("cpu0",)   # what each GPU worker runs: one device
             self.cluster = RayCluster(config, pool_config(config, slot), check_arch=check_nvcc_arch)
             n_gpus = self.cluster.device_slots()
