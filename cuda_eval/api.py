@@ -25,6 +25,7 @@ import time
 from typing import Any, Sequence
 
 from cuda_eval import feedback, scoring
+from cuda_eval.cluster import EvaluatorTimeout  # the Ray backend's deadline verdict (no ray import)
 from cuda_eval.profile import kernel_profile
 # re-exported: a report over saved verdicts shows a kernel's profile (launch/eval.py --profile)
 from cuda_eval.profile.kernel_profile import render_breakdown as profile_breakdown  # noqa: F401
@@ -119,16 +120,27 @@ class EvalConfig:
     # one verdict per distinct (task, program) within a batch: a policy that has converged on an answer samples the
     # same program many times (the 80M demo: most of a 128-kernel round), and each copy would cost a GPU slot
     share_identical: bool = True
+    # where the workers run (docs/ARCHITECTURE.md, "Evaluation on a Ray cluster"): "local" (this host's compile pool
+    # and GPUs) or "ray" (compile and GPU workers on the nodes of a Ray cluster that offer the resources
+    # cuda_eval_compile / cuda_eval_gpu; this process runs none). The same verdicts either way.
+    backend: str = "local"
+    ray_address: str = "auto"           # ray.init's address: "auto" joins the cluster this process runs in
+    ray_candidate_deadline_s: float = 0.0  # one stage of a candidate (its build, a GPU job) on a Ray worker; past it
+                                           # the verdict is evaluator_timeout. 0 = the stage's own timeouts + 120 s
+    ray_batch_deadline_s: float = 14400.0  # every verdict of one submit() call, queueing included; 0 = none
+    ray_max_attempts: int = 3           # runs of a stage whose worker (or node) died before it answered
 
     def __post_init__(self):
         scoring.apply(self, {f.name: f.default for f in dataclasses.fields(self)
                               if f.default is not dataclasses.MISSING})
         checks_ok = {"mode": ("auto", "full", "compile_only"), "device_type": ("cuda", "cpu"),
                      "static_policy": ("auto", "kevin", "cpu", "kernelbench", "off"),
-                     "timing_method": ("gated", "device_sync", "kernelbench")}
+                     "timing_method": ("gated", "device_sync", "kernelbench"), "backend": ("local", "ray")}
         for name, allowed in checks_ok.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
+        if self.ray_max_attempts < 1 or self.ray_candidate_deadline_s < 0 or self.ray_batch_deadline_s < 0:
+            raise ValueError("EvalConfig.ray_max_attempts must be >= 1 and the ray_*_deadline_s >= 0")
         if self.num_correct_trials < 1:
             raise ValueError("EvalConfig.num_correct_trials must be >= 1")
         if self.spare_workers < 0:
@@ -417,6 +429,16 @@ def job_config(config: EvalConfig, *, kernel_profile: bool, profile_tools: dict)
         dynamic=DynamicChecks(**{f.name: getattr(config, f.name) for f in dataclasses.fields(DynamicChecks)}))
 
 
+def pool_config(config: EvalConfig, devices: tuple):
+    """The GPU pool's settings for `devices` (indices, or CPU slot labels), from EvalConfig."""
+    from cuda_eval.gpu_pool import PoolConfig
+    return PoolConfig(device_type=config.device_type, devices=devices, run_dir=config.run_dir or None,
+                      start_timeout_s=config.worker_start_timeout_s,
+                      spares=spare_workers(config, len(devices)),
+                      cpu_threads=config.cpu_threads, data_bytes=config.worker_memory_bytes or None,
+                      host_memory_reserve_bytes=int(config.host_memory_reserve_gib * 2**30) or None)
+
+
 # --- the evaluator --------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _State:
@@ -428,6 +450,7 @@ class _State:
     compile_done: float = 0.0
     task_hash: str = ""
     static_flags: list = dataclasses.field(default_factory=list)
+    stage_future: Any = None      # the compile or GPU job the request waits for (where a deadline stopped it)
 
 
 class Evaluator:
@@ -435,12 +458,24 @@ class Evaluator:
 
     `compile_pool` / `gpu_pool` may be passed in already built (tests, benchmarks); they are then not closed here.
     """
+    cluster = None   # with EvalConfig.backend="ray": the RayCluster that builds both pools (cuda_eval/cluster/)
 
     def __init__(self, config: EvalConfig | None = None, *, compile_pool=None, gpu_pool=None):
         self.config = config = config or EvalConfig()
         from cuda_eval.sandbox import runner as sandbox
         sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
-        n_gpus = visible_gpu_count() if config.device_type == "cuda" else 0
+        self.cluster = None
+        if config.backend == "ray" and (compile_pool is None or gpu_pool is None):
+            try:
+                from cuda_eval.cluster.ray_pool import RayCluster   # ray is imported only for this backend
+            except ImportError as e:
+                raise RuntimeError(f"EvalConfig.backend='ray' needs the ray package ({e}): pip install -r "
+                                   "requirements.txt") from e
+            slot = (0,) if config.device_type == "cuda" else ("cpu0",)   # what each GPU worker runs: one device
+            self.cluster = RayCluster(config, pool_config(config, slot), check_arch=check_nvcc_arch)
+            n_gpus = self.cluster.device_slots()
+        else:
+            n_gpus = visible_gpu_count() if config.device_type == "cuda" else 0
         if config.mode == "auto":
             self.mode = "full" if (config.device_type == "cpu" or n_gpus > 0) else "compile_only"
         else:
@@ -453,7 +488,9 @@ class Evaluator:
             policy_name = "kevin" if config.device_type == "cuda" else "cpu"
         self.static_policy = checks.StaticPolicy.named(policy_name)
         self._own_compile_pool = compile_pool is None
-        if compile_pool is None:   # the card's own arch, read once (a passed-in pool has its own)
+        if compile_pool is None and self.cluster is not None:
+            self.arch = self.cluster.arch()   # the GPU nodes' (each compile node checks its own nvcc for it)
+        elif compile_pool is None:   # the card's own arch, read once (a passed-in pool has its own)
             self.arch = target_arch(config)
             check_nvcc_arch(self.arch)
         self.compile_pool = compile_pool if compile_pool is not None else self._make_compile_pool()
@@ -472,6 +509,8 @@ class Evaluator:
 
     # construction of the pools
     def _make_compile_pool(self):
+        if self.cluster is not None:
+            return self.cluster.compile_pool(self.arch)
         from cuda_eval.compile import pool as cp
         cfg = self.config
         wanted = {"workers": compile_workers(cfg), "arch": self.arch,
@@ -486,17 +525,15 @@ class Evaluator:
         return pool
 
     def _make_gpu_pool(self, n_gpus: int):
-        from cuda_eval.gpu_pool import GpuPool, PoolConfig
+        if self.cluster is not None:
+            return self.cluster.gpu_pool()
+        from cuda_eval.gpu_pool import GpuPool
         cfg = self.config
         if cfg.device_type == "cuda":
             devices = tuple(resolve_devices(cfg.devices, n_gpus))
         else:
             devices = tuple(f"cpu{i}" for i in range(max(1, cfg.cpu_workers)))
-        return GpuPool(PoolConfig(device_type=cfg.device_type, devices=devices, run_dir=cfg.run_dir or None,
-                                  start_timeout_s=cfg.worker_start_timeout_s,
-                                  spares=spare_workers(cfg, len(devices)),
-                                  cpu_threads=cfg.cpu_threads, data_bytes=cfg.worker_memory_bytes or None,
-                                  host_memory_reserve_bytes=int(cfg.host_memory_reserve_gib * 2**30) or None))
+        return GpuPool(pool_config(cfg, devices))
 
     # public API
     def submit(self, requests: Sequence[EvalRequest]) -> list[concurrent.futures.Future]:
@@ -505,7 +542,7 @@ class Evaluator:
         ran) instead of its own compile and GPU run."""
         if self._closed:
             raise RuntimeError("Evaluator is closed")
-        futures, first = [], {}
+        futures, first, states = [], {}, []
         for request in requests:
             started = time.monotonic()
             extraction, error = _extract(request)
@@ -515,10 +552,12 @@ class Evaluator:
             if key is not None and key in first:
                 futures.append(_shared(first[key], request))
                 continue
-            future = self._submit_one(request, extraction, error, started)
+            future = self._submit_one(request, extraction, error, started, states)
             if key is not None:
                 first[key] = (future, request.request_id)
             futures.append(future)
+        if self.cluster is not None:
+            self.cluster.watch_batch(self, states)   # ray_batch_deadline_s
         return futures
 
     @property
@@ -535,8 +574,8 @@ class Evaluator:
         """A context manager for work of the caller's own on GPU `gpu` (an index of this evaluator's devices), held
         around each device call of it (gpu_pool.DeviceShare): the evaluator's timed regions and that work never
         overlap. A no-op when this evaluator runs nothing on a GPU."""
-        if self.gpu_pool is None or self.config.device_type != "cuda":
-            return contextlib.nullcontext()
+        if self.gpu_pool is None or self.config.device_type != "cuda" or self.cluster is not None:
+            return contextlib.nullcontext()   # a Ray pool never times on the caller's GPUs
         return self.gpu_pool.share(str(gpu))
 
     def check_references(self, tasks: Sequence[tuple[str, str]]) -> list[concurrent.futures.Future]:
@@ -605,6 +644,8 @@ class Evaluator:
             self.gpu_pool.close()
         if self._own_compile_pool and self.compile_pool is not None:
             self.compile_pool.close()
+        if self.cluster is not None:
+            self.cluster.close()
 
     def __enter__(self):
         return self
@@ -614,10 +655,12 @@ class Evaluator:
 
     # the pipeline
     def _submit_one(self, request: EvalRequest, extraction, extract_error: str | None,
-                    started: float) -> concurrent.futures.Future:
+                    started: float, states: list | None = None) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         result = EvalResult(request_id=request.request_id, task_id=request.task_id, mode=self.mode, format_ok=False)
         state = _State(request, future, started, result, task_hash=task_hash(request.task_source))
+        if states is not None:
+            states.append(state)
         result.meta.update(device_type=self.config.device_type, num_trials=self.config.num_correct_trials)
         result.format_error = extract_error
         result.stage_times["extract"] = time.monotonic() - started
@@ -635,13 +678,18 @@ class Evaluator:
             compile_future = self.compile_pool.submit(request.task_source, extraction.code)
         except Exception as e:
             return self._internal_error(state, f"compile pool refused the job: {type(e).__name__}: {e}")
+        state.stage_future = compile_future
         compile_future.add_done_callback(lambda f, s=state: self._guard(s, self._on_compiled, f))
         return future
 
     def _guard(self, state: _State, fn, *args) -> None:
         """Run a pipeline step; a bug in it becomes this request's internal error, never a lost future."""
+        if state.future.done():   # a deadline gave the verdict already
+            return
         try:
             fn(state, *args)
+        except EvaluatorTimeout as e:
+            self._evaluator_timeout(state, e)
         except Exception as e:  # noqa: BLE001 - reported in the result
             import traceback
             self._internal_error(state, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")
@@ -650,6 +698,16 @@ class Evaluator:
         state.result.runtime_error = INTERNAL_ERROR + message
         state.result.meta["internal_error"] = True
         return self._finish(state)
+
+    def _evaluator_timeout(self, state: _State, error: EvaluatorTimeout) -> None:
+        """The verdict of a candidate a deadline stopped: not judged (scored as an internal error), with where it
+        stopped in meta.evaluator_timeout. A copy: a stage still running may write into the original."""
+        if state.future.done():
+            return
+        result = copy.deepcopy(state.result)
+        result.runtime_error = f"evaluator_timeout (not the candidate's fault): {error}"
+        result.meta.update(internal_error=True, evaluator_timeout=dict(error.where))
+        self._finish(dataclasses.replace(state, result=result))
 
     def _on_compiled(self, state: _State, compile_future: concurrent.futures.Future) -> None:
         state.compile_done = time.monotonic()
@@ -665,6 +723,8 @@ class Evaluator:
         r.meta.update(cache_hit=bool(modules) and all(m.get("cache_hit") for m in modules),
                       arch=toolchain.get("arch"), toolchain=toolchain, compile_timings=timings,
                       extensions=[m.get("name") for m in modules])
+        if getattr(outcome, "placement", None):   # a Ray compile worker: its node
+            r.meta["built_on"] = outcome.placement
         r.compile_log = getattr(outcome, "log", "") or ""
         if not outcome.ok:
             r.compiled = False
@@ -681,6 +741,7 @@ class Evaluator:
         kernel_names = checks.cuda_kernel_names(cuda_sources if specs else [state.result.code or ""])
         payload = self._payload(state, modules, kernel_names, kind="evaluate")
         job = self.gpu_pool.submit(payload, self.config.run_timeout_s)
+        state.stage_future = job
         job.add_done_callback(lambda f, s=state, p=payload: self._guard(s, self._on_ran, f, p))
 
     def _payload(self, state: _State, modules: list, kernel_names: list, kind: str) -> dict:
@@ -708,6 +769,8 @@ class Evaluator:
         info = outcome.worker_info or {}
         r.meta.update(gpu_name=info.get("gpu_name"), torch_version=info.get("torch_version"), device=outcome.device,
                       timer=info.get("timer"), run_started_at=outcome.started_at)
+        if getattr(outcome, "placement", None):   # a Ray GPU worker: its node and GPU
+            r.meta["timed_on"] = outcome.placement
         if getattr(outcome, "peak_rss_bytes", None):
             r.meta["worker_peak_rss_bytes"] = outcome.peak_rss_bytes
         w = outcome.result
@@ -752,6 +815,7 @@ class Evaluator:
         if r.correct and not r.hack_flags and r.speedup and threshold and r.speedup > threshold:
             retime = dict(payload, kind="retime", ref_timing_cache={})
             fut = self.gpu_pool.submit(retime, self.config.run_timeout_s)
+            state.stage_future = fut
             fut.add_done_callback(lambda f, s=state: self._guard(s, self._on_retimed, f))
             return
         self._finish(state)
@@ -797,7 +861,8 @@ class Evaluator:
                 r.meta["feedback_fallback"] = why
                 log.info("cuda_eval: %s: no profile in the feedback (%s)", r.request_id or r.task_id, why)
         if not state.future.done():
-            state.future.set_result(r)
+            with contextlib.suppress(concurrent.futures.InvalidStateError):   # a deadline's verdict came first
+                state.future.set_result(r)
         return state.future
 
 

@@ -283,8 +283,10 @@ class EvaluatorFootprint:
     def of(cls, eval_config: Any, num_gpus: int) -> "EvaluatorFootprint":
         """From the eval config section (cuda_eval.api's defaults for the zeros)."""
         from cuda_eval.api import compile_workers, spare_workers     # no torch, no jax
-        builds = compile_workers(eval_config)
         build_gib = build_gib_of(eval_config)
+        if getattr(eval_config, "backend", "local") == "ray":   # every judge, worker and build on other nodes
+            return cls(0, 0, 0, build_gib)
+        builds = compile_workers(eval_config)
         if eval_config.mode == "compile_only" or num_gpus == 0:
             return cls(0, 0, builds, build_gib)
         if eval_config.device_type == "cpu":      # CPU-mode slots, each with a judge and spares like a GPU's

@@ -424,6 +424,8 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
         place("h100x4", 4, "--config.eval.compile_workers=22")
     assert place("h100x4", 4, "--config.eval.spare_workers=8", "--config.eval.compile_workers=1",
                  "--config.eval.mode=compile_only")                      # no judges, no spares
+    assert place("h100x4", 4, "--config.eval.backend=ray", "--config.eval.spare_workers=8",
+                 "--config.eval.compile_workers=0")                      # all of it on the Ray cluster's nodes
     # CPU mode: its slots have judges and spares too
     cpu = placement.EvaluatorFootprint.of(_load("one_gpu", "--config.eval.device_type=cpu",
                                                  "--config.eval.cpu_workers=3").eval, 4)
