@@ -203,6 +203,7 @@ class EvalResult:
     timing: dict | None = None
     ref_timing: dict | None = None
     speedup: float | None = None
+    peak_fraction: float | None = None   # the share of the roofline the candidate's time reached (judge/floor.py)
     hack_flags: list = dataclasses.field(default_factory=list)       # each zeroes the score
     advisory_flags: list = dataclasses.field(default_factory=list)   # reported only (profiles other than kevin)
     stage_times: dict = dataclasses.field(default_factory=dict)
@@ -746,6 +747,8 @@ class Evaluator:
             self.ref_cache.store(state.task_hash, w["ref_timing_key"], r.ref_timing)
         if r.correct and r.timing and r.ref_timing and r.timing.get("median_ms"):
             r.speedup = r.ref_timing["median_ms"] / r.timing["median_ms"]
+        if r.correct and r.timing and isinstance(r.timing.get("peak_fraction"), (int, float)):
+            r.peak_fraction = float(r.timing["peak_fraction"])
         threshold = self.config.retime_speedup_threshold
         if r.correct and not r.hack_flags and r.speedup and threshold and r.speedup > threshold:
             retime = dict(payload, kind="retime", ref_timing_cache={})
@@ -774,6 +777,8 @@ class Evaluator:
             r.hack_flags.append({"code": "speedup_not_reproduced",
                                  "reason": f"speedup {first:.1f}x fell to {fresh:.1f}x in a fresh process"})
         else:
+            if fresh < first and r.peak_fraction is not None:   # the same time enters both
+                r.peak_fraction *= fresh / first
             r.speedup = min(first, fresh)  # the conservative of two honest measurements
         self._finish(state)
 
