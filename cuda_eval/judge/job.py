@@ -926,6 +926,11 @@ class Job:
         shared = [n for n in foreign if n in ref_kernels]
         if shared and self.settings.dynamic.forbid_reference_ops:
             self.flag("reference_op", f"forward ran the reference's own GPU kernels: {shared[0][:120]}")
+        unsynced = sum(w[3] for w in windows if len(w) > 3 and type(w[3]) is int and w[3] > 0)
+        if unsynced:
+            self.flag("unsynced_stream", f"{unsynced} kernel(s) of the calls ran on another stream without being "
+                                         "ordered within their call (started before the current stream's earlier "
+                                         "work ended, or still ran after the call had ended: kernel trace)")
         heavy = [n for n in foreign if tracing.HEAVY_KERNEL.search(n)]
         if heavy and self.settings.dynamic.forbid_library_heavy_ops:
             self.flag("library_heavy_op", f"forward ran library GEMM/convolution kernels: {heavy[0][:120]}")

@@ -219,6 +219,9 @@ class Device:
         # NVRTC outside the device lock (CPU work), loaded and checked holding it.
         self.kernels = device_kernels.Kernels(device_type, hold=self.exclusive)
         self.info["own_kernels"] = self.kernels.backend
+        gated = self.timer_for("gated") if device_type == "cuda" else None
+        if isinstance(gated, timing.GatedTimer) and self.kernels.backend == "nvrtc":
+            gated.flush = self.kernels.flush   # the flush, by this process's name for it (kernel trace)
         if self.kernels.fallback_reason:
             self.info["own_kernels_fallback_reason"] = self.kernels.fallback_reason
         milestone(who, f"own kernels: {self.kernels.backend}")

@@ -407,7 +407,7 @@ class Worker:
         self.session_state = "stopped"
         session, self.session = self.session, None
         try:
-            windows, foreign = session.stop(self.kernel_names)
+            windows, foreign = session.stop(self.kernel_names, self.device.kernels.names)
         except BaseException as e:
             if report:
                 self.flag("harness_access", f"the kernel trace of the calls was stopped or broken during the job "
@@ -415,7 +415,7 @@ class Worker:
             return
         if not report:
             return
-        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels]
+        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels, w.unsynced]
                                      for w in windows[:tracing.CALL_WINDOWS_MAX]]
         self.meta["call_groups"] = self.groups - self.session_groups
         self.meta["call_foreign_kernels"] = dict(sorted(foreign.items(), key=lambda kv: -kv[1])[:24])
