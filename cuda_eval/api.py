@@ -79,6 +79,8 @@ class EvalConfig:
                                         # warning) instead of refusing
     # correctness
     num_correct_trials: int = 5
+    affine_trials: int = 2              # more trials on inputs x * s + m, s and m drawn per trial (docs/EVALUATOR.md,
+                                        # "Correctness"), after the others pass; 0: none
     atol: float = 1e-2
     rtol: float = 1e-2
     strict: bool = False                # the strict profile: atol = rtol = 1e-4 for float32 outputs
@@ -129,6 +131,8 @@ class EvalConfig:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
         if self.num_correct_trials < 1:
             raise ValueError("EvalConfig.num_correct_trials must be >= 1")
+        if self.affine_trials < 0:
+            raise ValueError("EvalConfig.affine_trials must be >= 0")
         if self.spare_workers < 0:
             raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
         if self.worker_memory_bytes < 0:
@@ -405,7 +409,7 @@ def _useful_stderr(stderr: str, max_lines: int = 12, *, startup: bool = False) -
 def job_config(config: EvalConfig, *, kernel_profile: bool, profile_tools: dict) -> JobConfig:
     """The settings the judge and the worker read for one job, from EvalConfig (the only source of their values)."""
     return JobConfig(
-        num_trials=config.num_correct_trials, atol=config.atol, rtol=config.rtol,
+        num_trials=config.num_correct_trials, affine_trials=config.affine_trials, atol=config.atol, rtol=config.rtol,
         strict_fp32=STRICT_FP32_TOLERANCE if config.strict else None, seed=config.seed,
         timing=JobTiming(target_s=config.timing_target_s, warmup_s=config.timing_warmup_s,
                          min_reps=config.timing_min_reps, max_reps=config.timing_max_reps,

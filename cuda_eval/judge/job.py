@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval.judge import compare, floor
+from cuda_eval.judge import affine, compare, floor
 from cuda_eval.judge.compare import compare_outputs
 from cuda_eval.profile import kernel_profile, kernel_profiler
 from cuda_eval.protocol import channel, harness, tensors, timing, tracing, wire
@@ -476,10 +476,11 @@ class Job:
         """Fresh input seeds, unknown to the worker until the group is sent."""
         return [int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF for _ in range(n)]
 
-    def _send_group(self, seeds: list[int], checks: bool = False) -> tuple[float, int | None]:
+    def _send_group(self, seeds: list[int], checks: bool = False, change: dict | None = None) -> tuple[float, int | None]:
         started = (_monotonic(), self._worker_cpu_ns())
+        extra = {"affine": change} if change else {}
         self.send("run", seeds=seeds, method=self.group_method, gate_ms=round(self.gate_ms, 4), key=self.digest_key,
-                  checks=checks)
+                  checks=checks, **extra)
         return started
 
     def _worker_cpu_ns(self) -> int | None:
@@ -574,6 +575,56 @@ class Job:
                 out_c = out_r = None  # gone before the next trial's reference runs
             else:
                 prev_c, prev_r = out_c, out_r
+        del prev_c, prev_r, out_c, out_r
+        if self.kind == "evaluate":
+            self.run_affine_trials(n_trials)
+
+    def run_affine_trials(self, first: int) -> None:
+        """Trials on inputs x * s + m (judge/affine.py: which leaves, and when not), after the ordinary trials
+        passed: groups of one call like them, the change drawn here per trial and sent with the seed (the worker
+        applies the same arithmetic to the same inputs)."""
+        n = self.settings.affine_trials
+        if not n:
+            return
+        leaves, why = affine.plan(self.inputs(trial_seed(self.seed, 0)), self.payload.task_source)
+        record: dict[str, Any] = {"ran": 0, "leaves": [i for i, _, _ in leaves], "not_changed": why}
+        self.meta["affine_trials"] = record
+        if not leaves:
+            record["skipped"] = "no input leaf may change"
+            return
+        rng = secrets.SystemRandom()
+        for k in range(n):
+            t = first + k
+            self.phase("correctness", trial=t)
+            seed_t = trial_seed(self.seed, t)
+            change = affine.draw(leaves, rng)
+            out_r = self.reference(harness.affine_inputs(self.inputs(seed_t), change), seed_t + 7)
+            if not affine.finite(out_r):
+                record["skipped"] = "the reference's output is not finite on the changed inputs (outside its domain)"
+                return
+            group = self._recv_group([seed_t], self._send_group([seed_t], checks=True, change=change))
+            out_c = None if group.get("not_plain") else self._reveal(group, 0)
+            described = f"x * {change['scale']:.3g} + m on input(s) " + \
+                        ", ".join(f"{i} (m = {m:.3g})" for i, m in change["leaves"])
+            if out_c is None:
+                what = group.get("not_plain") or "a tensor subclass or lazy wrapper"
+                self.flag("output_not_plain_tensor", f"forward returned {what} instead of a plain torch.Tensor")
+                self.trials.append({"max_abs_err": None, "max_rel_err": None, "mismatch_frac": 1.0, "passed": False,
+                                    "message": f"output is not a plain torch.Tensor ({what})", "trial": t,
+                                    "affine": change})
+                self.correct = False
+                return
+            result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
+            result.update(trial=t, affine=change)
+            record["ran"] += 1
+            if not result["passed"]:
+                result["message"] = f"on inputs changed to {described} (a trial beyond the task's own input " \
+                                    f"distribution, on which the reference is defined): {result['message']}"
+            self.trials.append(result)
+            if not result["passed"]:
+                self.correct = False
+                return
+            del out_c, out_r
 
     def _explain_mismatch(self, t: int, out_c, prev_c, prev_r, earlier: list) -> None:
         """A wrong output that is really a hack: stale memory, or an earlier call's result."""
