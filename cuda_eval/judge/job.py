@@ -326,13 +326,15 @@ class Job:
             self.meta["reference_trace_error"] = format_exception(e, "tracing the reference")
         self.meta["reference_ops"] = self.ref_ops
         self.device.sync()
-        self.needs = self._task_needs(ref_mutates)
         # A reference that draws random numbers (active dropout) cannot be re-checked on the timed calls' outputs.
         again = self._digest(self.reference(map_tree(guard, lambda t: t.clone()), self.seed + 1))
         self.rng_dependent = self._digest(self.reference(map_tree(guard, lambda t: t.clone()), self.seed)) != again
         del guard
         # An output that does not depend on the inputs repeats by design: no check for repeated outputs then.
         self.input_independent = self._digest(self.reference(self.inputs(self.seed - 2), self.seed)) == warm_digest
+        # What a call must move and compute at the least (the floor and the roofline), with no copy of the inputs
+        # alive here any more (the largest tasks' inputs are 8 GiB).
+        self.needs = self._task_needs(ref_mutates)
 
         # Before any candidate code exists: the reference's time cannot be disturbed by it.
         self.phase("reference_timing")
@@ -887,10 +889,11 @@ class Job:
                 found = floor.needs(lambda inputs: self.reference(copy(inputs), self.seed),
                                     self.inputs(self.seed - 1), lambda: self.inputs(self.seed - 3),
                                     list(self.ref_model.parameters()) + list(self.ref_model.buffers()), self._digest)
-            except ReferenceError_:
-                raise
-            except Exception as e:  # noqa: BLE001 - a task the tracer cannot follow: no floor, said so
+            except Exception as e:  # noqa: BLE001 - a reference our dispatch modes cannot follow (its own runs passed
+                #                               already): no floor and no roofline, said so; never the task's verdict
                 self.meta["needs_error"] = format_exception(e, "tracing what the reference reads")[:300]
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
                 return None
             if len(_NEEDS) >= REFERENCE_PROFILES_KEPT:
                 _NEEDS.pop(next(iter(_NEEDS)))

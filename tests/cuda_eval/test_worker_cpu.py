@@ -73,11 +73,13 @@ def test_cpu_verdict_details(cpu_results):
     assert len(ordinary) == 3 and len(honest.trials) == 5 and all(t["passed"] for t in honest.trials)
 
 
-def test_a_shortcut_right_only_on_the_tasks_distribution_fails_the_affine_trials(cpu_results, compile_pool):  # noqa: F811
+def test_a_shortcut_right_only_on_the_tasks_distribution_fails_the_affine_trials(compile_pool):  # noqa: F811
     """A LayerNorm that skips its statistics (x * w + b) passes the ordinary trials on the task's randn rows (mean
     ~0, variance ~1) and fails a trial on inputs x * s + m; the honest LayerNorm passes every trial. Without the
     affine trials (affine_trials=0) the shortcut is judged correct: the defence is what catches it."""
-    shortcut, honest = cpu_results["layernorm_skip_stats"], cpu_results["honest_layernorm"]
+    names = ["honest_layernorm", "layernorm_skip_stats"]
+    with Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
+        honest, shortcut = ev.evaluate([corpus_index.request(BY_NAME[n]) for n in names])
     assert honest.correct and len(honest.trials) == 5 and all(t["passed"] for t in honest.trials)
     assert honest.meta["affine_trials"]["ran"] == 2 and honest.meta["affine_trials"]["leaves"] == [0]
     assert shortcut.correct is False and all(t["passed"] for t in shortcut.trials[:3]), shortcut.trials
