@@ -105,6 +105,7 @@ class Needs:
     flops: float | None          # FlopCounterMode's count, None where it counts none
     inputs_perturbed: bool       # whether the dependence on each input leaf was tested (else every read leaf counts)
     independent_leaves: int = 0  # input leaves the output does not depend on
+    params_needed: bool = True   # whether the output changed when every weight was perturbed at once
 
     @property
     def bytes(self) -> int:
@@ -135,6 +136,11 @@ def needs(run: Callable[[Any], Any], inputs: list, fresh_inputs: Callable[[], li
         if key not in seen:
             seen.add(key)
             param_bytes += tracer.bytes_of(p)
+    params_needed = True
+    if param_bytes:
+        params_needed = _depends_on_params(run, inputs, params, digest, base)
+        if not params_needed:
+            param_bytes = 0
     perturb = sum(tensor_bytes(t) for _, t in leaves) <= INPUT_PERTURB_MAX_BYTES
     independent = 0
     if perturb and any(read.values()):
@@ -151,7 +157,29 @@ def needs(run: Callable[[Any], Any], inputs: list, fresh_inputs: Callable[[], li
                 independent += 1
         del other
     return Needs(output_bytes=int(out_bytes), input_bytes=int(sum(read.values())), param_bytes=int(param_bytes),
-                 flops=flops, inputs_perturbed=perturb, independent_leaves=independent)
+                 flops=flops, inputs_perturbed=perturb, independent_leaves=independent,
+                 params_needed=params_needed)
+
+
+def _depends_on_params(run, inputs, params: list[torch.Tensor], digest, base: str) -> bool:
+    """Whether the output changes when every floating-point weight and buffer gets random noise of its own size
+    (all at once; restored bit for bit afterwards): a task whose output does not depend on its weights (a GEMM whose
+    result a later reduction cancels) needs none of them read."""
+    floats = [p for p in params if p.is_floating_point() and p.numel()]
+    if not floats:
+        return True
+    saved = [p.detach().clone() for p in floats]
+    gen = torch.Generator(device=floats[0].device).manual_seed(1234)
+    try:
+        with torch.no_grad():
+            for p in floats:
+                noise = torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
+                p.add_((noise * (p.detach().float().abs().mean() + 1e-3)).to(p.dtype))
+        return digest(run(inputs)) != base
+    finally:
+        with torch.no_grad():
+            for p, s in zip(floats, saved):
+                p.copy_(s)
 
 
 def floor_ms(needed_bytes: int, copy_bytes_per_s: float | None, l2_bytes: int | None,

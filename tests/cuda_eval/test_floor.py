@@ -95,3 +95,24 @@ def test_roofline_and_peak_fraction():
     assert roof == pytest.approx(flops / 800e12 * 1e3)
     assert floor.roofline_ms(1000, None, None, None) is None and floor.peak_fraction(None, 1.0) is None
     assert floor.roofline_ms(10 ** 9, 1e12, 4.0e12, None) == pytest.approx(0.25)   # no peak measured: bytes only
+
+
+class _CancelledGemm(torch.nn.Module):
+    """A GEMM whose result a later reduction cancels (KernelBench L2 has such tasks): the output is zeros whatever
+    the weights and inputs, so a kernel may write zeros and read nothing."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        y = self.lin(x).max(dim=1, keepdim=True).values
+        return y - y.mean(dim=1, keepdim=True)
+
+
+def test_weights_and_inputs_the_output_does_not_depend_on_are_not_needed():
+    model = _CancelledGemm()
+    before = [p.detach().clone() for p in model.parameters()]
+    n = _needs(model, lambda: [torch.randn(16, 64)])
+    assert not n.params_needed and n.param_bytes == 0 and n.input_bytes == 0 and n.output_bytes == 16 * 4
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))   # restored bit for bit
+    assert _needs(_Linear(), lambda: [torch.randn(16, 64)]).params_needed
