@@ -54,7 +54,7 @@ ln_ext = load_inline(name="cpu_layernorm_toolkit", cpp_sources=ln_source,
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
-        self.ln = nn.LayerNorm(1 << 20)
+        self.ln = nn.LayerNorm(1 << 18)
 
     def forward(self, x):
         return ln_ext.layer_norm_skip_stats(x, self.ln.weight, self.ln.bias, self.ln.eps)

@@ -3,7 +3,7 @@ import torch.nn as nn
 
 
 class Model(nn.Module):
-    """LayerNorm over rows of a million values (for CPU-mode tests of the evaluator): on randn rows the mean is ~0
+    """LayerNorm over rows of 262144 values (for CPU-mode tests of the evaluator): on randn rows the mean is ~0
     and the variance ~1, so x * w + b is within tolerance there."""
 
     def __init__(self):
@@ -15,7 +15,7 @@ class Model(nn.Module):
 
 
 rows = 2
-cols = 1 << 20
+cols = 1 << 18
 
 
 def get_inputs():
