@@ -82,6 +82,8 @@ class EvalConfig:
                                         # warning) instead of refusing
     # correctness
     num_correct_trials: int = 5
+    affine_trials: int = 2              # more trials on inputs x * s + m, s and m drawn per trial (docs/EVALUATOR.md,
+                                        # "Correctness"), after the others pass; 0: none
     atol: float = 1e-2
     rtol: float = 1e-2
     strict: bool = False                # the strict profile: atol = rtol = 1e-4 for float32 outputs
@@ -143,6 +145,8 @@ class EvalConfig:
             raise ValueError("EvalConfig.ray_max_attempts must be >= 1 and the ray_*_deadline_s >= 0")
         if self.num_correct_trials < 1:
             raise ValueError("EvalConfig.num_correct_trials must be >= 1")
+        if self.affine_trials < 0:
+            raise ValueError("EvalConfig.affine_trials must be >= 0")
         if self.spare_workers < 0:
             raise ValueError("EvalConfig.spare_workers must be >= 0 (0 = auto)")
         if self.worker_memory_bytes < 0:
@@ -217,6 +221,7 @@ class EvalResult:
     timing: dict | None = None
     ref_timing: dict | None = None
     speedup: float | None = None
+    peak_fraction: float | None = None   # the share of the roofline the candidate's time reached (judge/floor.py)
     hack_flags: list = dataclasses.field(default_factory=list)       # each zeroes the score
     advisory_flags: list = dataclasses.field(default_factory=list)   # reported only (profiles other than kevin)
     stage_times: dict = dataclasses.field(default_factory=dict)
@@ -418,7 +423,7 @@ def _useful_stderr(stderr: str, max_lines: int = 12, *, startup: bool = False) -
 def job_config(config: EvalConfig, *, kernel_profile: bool, profile_tools: dict) -> JobConfig:
     """The settings the judge and the worker read for one job, from EvalConfig (the only source of their values)."""
     return JobConfig(
-        num_trials=config.num_correct_trials, atol=config.atol, rtol=config.rtol,
+        num_trials=config.num_correct_trials, affine_trials=config.affine_trials, atol=config.atol, rtol=config.rtol,
         strict_fp32=STRICT_FP32_TOLERANCE if config.strict else None, seed=config.seed,
         timing=JobTiming(target_s=config.timing_target_s, warmup_s=config.timing_warmup_s,
                          min_reps=config.timing_min_reps, max_reps=config.timing_max_reps,
@@ -811,6 +816,8 @@ class Evaluator:
             self.ref_cache.store(state.task_hash, w["ref_timing_key"], r.ref_timing)
         if r.correct and r.timing and r.ref_timing and r.timing.get("median_ms"):
             r.speedup = r.ref_timing["median_ms"] / r.timing["median_ms"]
+        if r.correct and r.timing and isinstance(r.timing.get("peak_fraction"), (int, float)):
+            r.peak_fraction = float(r.timing["peak_fraction"])
         threshold = self.config.retime_speedup_threshold
         if r.correct and not r.hack_flags and r.speedup and threshold and r.speedup > threshold:
             retime = dict(payload, kind="retime", ref_timing_cache={})
@@ -840,6 +847,8 @@ class Evaluator:
             r.hack_flags.append({"code": "speedup_not_reproduced",
                                  "reason": f"speedup {first:.1f}x fell to {fresh:.1f}x in a fresh process"})
         else:
+            if fresh < first and r.peak_fraction is not None:   # the same time enters both
+                r.peak_fraction *= fresh / first
             r.speedup = min(first, fresh)  # the conservative of two honest measurements
         self._finish(state)
 

@@ -52,7 +52,7 @@ PROFILES: dict[str, Profile] = {
     "kernelbench": Profile(
         "kernelbench",
         {"static_policy": "kernelbench", "strict": True, "num_correct_trials": 5, "timing_method": "kernelbench",
-         "retime_speedup_threshold": 0.0},
+         "retime_speedup_threshold": 0.0, "affine_trials": 0},
         KERNELBENCH_REJECTS,
         "KernelBench's rules: its static rejections, tolerances and timing; our other flags are advisory"),
     "strict": Profile("strict", {"strict": True, "flag_native_threads": True}, None,

@@ -46,6 +46,24 @@ def _start_kernel_tracing(device: Device) -> None:
         device.info["reference_kernel_trace"] = f"{type(e).__name__}: {e}"[:300]
 
 
+def _measure_roofline(device: Device) -> None:
+    """The card's copy bandwidth (the physics floor of every timing on a GPU: Job._bound_by_physics; the roofline and
+    the profiles) and its tensor-core peak (the roofline), once per judge, holding the device lock: no timing runs
+    meanwhile. On the CPU device the host's copy bandwidth (the roofline only)."""
+    try:
+        gbps = kernel_profiler.copy_bandwidth(device.type)
+        if gbps:
+            device.info["copy_bytes_per_s"] = gbps * 1e9
+    except Exception as e:  # noqa: BLE001 - then timings go without the floor (info says why)
+        device.info["copy_bandwidth_error"] = f"{type(e).__name__}: {e}"[:300]
+    try:
+        peak = kernel_profiler.tensor_core_peak(device.type)
+        if peak:
+            device.info["tensor_flops_per_s"] = peak
+    except Exception as e:  # noqa: BLE001 - then the roofline counts bytes only
+        device.info["tensor_peak_error"] = f"{type(e).__name__}: {e}"[:300]
+
+
 def _serve(ctl: socket.socket, device: Device) -> None:
     while True:
         try:
@@ -90,10 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             device.info["loop_overhead_ms"] = round(_loop_overhead_ms(device), 4)
             if device.type == "cuda":
                 _start_kernel_tracing(device)
-                try:   # the output-write bound of every timing (Job._bound_by_output_writes), and the profiles'
-                    device.info["copy_bytes_per_s"] = kernel_profiler.copy_bandwidth(device.type) * 1e9
-                except Exception as e:  # noqa: BLE001 - then timings go without the output-write bound (info says why)
-                    device.info["copy_bandwidth_error"] = f"{type(e).__name__}: {e}"[:300]
+            _measure_roofline(device)
     except BaseException as e:
         channel.send(ctl, {"op": "ready", "ok": False, "error": format_exception(e, "judge start")})
         sys.stderr.write(traceback.format_exc())

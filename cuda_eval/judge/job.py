@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval.judge import compare
+from cuda_eval.judge import affine, compare, floor
 from cuda_eval.judge.compare import compare_outputs
 from cuda_eval.profile import kernel_profile, kernel_profiler
 from cuda_eval.protocol import channel, harness, tensors, timing, tracing, wire
@@ -62,17 +62,15 @@ GATE_RETRIES = 3              # a group whose gate opened too early is measured 
 REVEALS = 3                   # groups of the timing phase in which one call's output is checked (picked afterwards)
 WALL_TOLERANCE = 1.15         # the time that enters the reward is at least (time the wall clock proves) / this ...
 GROUP_JITTER_S = {"cuda": 0.0005, "cpu": 0.002}   # ... allowing this much per group for what the replay lacks (the
-#                                                   messages, the worker's bookkeeping) and scheduling noise; where
-TRACED_GROUP_JITTER_S = 0.010  # the kernel trace judged every group, this much: on an H100 honest groups differed
-#   from their replays by a few ms either way (single groups up to +9 ms, ~4 ms per group summed over a job: docs/
-#   LOG.md, 2026-11-27, "4 x H100, second run"), so with 0.5 ms the wall clock raised honest short kernels' times;
-#   the trace (_cap_by_trace) is the tight bound there, and the wall clock a coarse one that honest groups never trip
+#   messages, the worker's bookkeeping) and scheduling noise, whatever the kernel trace says. On an H100 honest groups
+#   differed from their replays by a few ms either way (-37 to +9 ms; docs/LOG.md, 2026-11-27, "4 x H100, second
+#   run"): summed over a job, that raised honest short kernels' times. What the clock proves is therefore the least
+#   time per call over the timed groups (bound_by_wall), not their sum: a forged clock slows no group's wall time,
+#   and noise raises an honest time only if every group of the job ran slower than its replay by the allowance.
 FLAG_FACTOR = 3.0             # timing_inconsistent: the wall clock proves this many times the reported time ...
 FLAG_MIN_EXCESS_S = 0.05      # ... and at least this much unreported time in all
 FLOOR_FRACTION = 0.5          # ... or the reported time is below this share of an empty call's in the same protocol
 TRACE_SLACK_MS = 0.002        # kernel trace: GPU time per call allowed beyond the reported time (timestamp noise)
-WRITE_FLOOR_MARGIN = 1.5      # a call writes its outputs beyond L2 at no more than this x the card's measured copy
-#                               bandwidth (reads and writes counted; an H100 copies at ~3.0 of its 3.35 TB/s)
 DIGEST_MIN_BYTES = 256        # outputs this small may repeat by chance on fresh inputs: no repeat check
 # KernelBench's protocol (the kernelbench timing method): its wall-clock bound, kept as it was.
 WALL_SLACK = 3.0              # the timed loop may take this many times the time the reported reps account for ...
@@ -84,6 +82,7 @@ DEVICE_FREE_MARGIN = 4 << 30     # a large output is snapshotted on the card onl
 REFERENCE_PROFILES_KEPT = 256  # reference profiles kept per judge (a task's reference is profiled once per judge)
 _REFERENCE_PROFILES: dict[str, dict] = {}
 _REFERENCE_KERNELS: dict[str, list] = {}   # the kernels a task's reference launches, traced once per task and judge
+_NEEDS: dict[str, floor.Needs] = {}        # what a call of a task must move and compute, once per task and judge
 _DEVICE_FACTS: dict = {}       # copy bandwidth and occupancy limits, measured at the first profile
 # What a worker may add to the verdict's meta (anything else it sends is dropped: it is candidate-controlled).
 WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "candidate_ops", "python_ops",
@@ -306,9 +305,6 @@ class Job:
         ref_aliases = any(tensors.overlaps(o, tensors_in(warm_inputs)) for o in tensors_in(warm_out))
         self.output_bytes = tree_nbytes(warm_out)
         self.output_sizes = output_sizes = [t.numel() * t.element_size() for t in tensors_in(warm_out)]
-        # the bytes a call must write at least (a broadcast view of the reference's holds only its storage's)
-        self.output_written_bytes = sum(min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
-                                        for t in tensors_in(warm_out))
         # Over 1 GiB, the judge keeps one trial's output at a time (samples of the earlier ones): on the card, the
         # candidate's process needs the room; on the host, a few such copies would be tens of GB.
         self.large_output = self.output_bytes > wire.DEVICE_SNAPSHOT_MAX
@@ -336,6 +332,9 @@ class Job:
         del guard
         # An output that does not depend on the inputs repeats by design: no check for repeated outputs then.
         self.input_independent = self._digest(self.reference(self.inputs(self.seed - 2), self.seed)) == warm_digest
+        # What a call must move and compute at the least (the floor and the roofline), with no copy of the inputs
+        # alive here any more (the largest tasks' inputs are 8 GiB).
+        self.needs = self._task_needs(ref_mutates)
 
         # Before any candidate code exists: the reference's time cannot be disturbed by it.
         self.phase("reference_timing")
@@ -382,6 +381,7 @@ class Job:
             self.ask("kernel_trace", "traced")
             traced = self.judge_call_trace()
         self.bound_by_wall(traced)
+        self.set_peak_fraction()
         self.phase("final_checks")
         # The worker stays for a profile only after its final checks: a candidate that crashes or hangs when it is
         # profiled has nothing left to escape.
@@ -478,10 +478,11 @@ class Job:
         """Fresh input seeds, unknown to the worker until the group is sent."""
         return [int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF for _ in range(n)]
 
-    def _send_group(self, seeds: list[int], checks: bool = False) -> tuple[float, int | None]:
+    def _send_group(self, seeds: list[int], checks: bool = False, change: dict | None = None) -> tuple[float, int | None]:
         started = (_monotonic(), self._worker_cpu_ns())
+        extra = {"affine": change} if change else {}
         self.send("run", seeds=seeds, method=self.group_method, gate_ms=round(self.gate_ms, 4), key=self.digest_key,
-                  checks=checks)
+                  checks=checks, **extra)
         return started
 
     def _worker_cpu_ns(self) -> int | None:
@@ -576,6 +577,56 @@ class Job:
                 out_c = out_r = None  # gone before the next trial's reference runs
             else:
                 prev_c, prev_r = out_c, out_r
+        del prev_c, prev_r, out_c, out_r
+        if self.kind == "evaluate":
+            self.run_affine_trials(n_trials)
+
+    def run_affine_trials(self, first: int) -> None:
+        """Trials on inputs x * s + m (judge/affine.py: which leaves, and when not), after the ordinary trials
+        passed: groups of one call like them, the change drawn here per trial and sent with the seed (the worker
+        applies the same arithmetic to the same inputs)."""
+        n = self.settings.affine_trials
+        if not n:
+            return
+        leaves, why = affine.plan(self.inputs(trial_seed(self.seed, 0)), self.payload.task_source)
+        record: dict[str, Any] = {"ran": 0, "leaves": [i for i, _, _ in leaves], "not_changed": why}
+        self.meta["affine_trials"] = record
+        if not leaves:
+            record["skipped"] = "no input leaf may change"
+            return
+        rng = secrets.SystemRandom()
+        for k in range(n):
+            t = first + k
+            self.phase("correctness", trial=t)
+            seed_t = trial_seed(self.seed, t)
+            change = affine.draw(leaves, rng)
+            out_r = self.reference(harness.affine_inputs(self.inputs(seed_t), change), seed_t + 7)
+            if not affine.finite(out_r):
+                record["skipped"] = "the reference's output is not finite on the changed inputs (outside its domain)"
+                return
+            group = self._recv_group([seed_t], self._send_group([seed_t], checks=True, change=change))
+            out_c = None if group.get("not_plain") else self._reveal(group, 0)
+            described = f"x * {change['scale']:.3g} + m on input(s) " + \
+                        ", ".join(f"{i} (m = {m:.3g})" for i, m in change["leaves"])
+            if out_c is None:
+                what = group.get("not_plain") or "a tensor subclass or lazy wrapper"
+                self.flag("output_not_plain_tensor", f"forward returned {what} instead of a plain torch.Tensor")
+                self.trials.append({"max_abs_err": None, "max_rel_err": None, "mismatch_frac": 1.0, "passed": False,
+                                    "message": f"output is not a plain torch.Tensor ({what})", "trial": t,
+                                    "affine": change})
+                self.correct = False
+                return
+            result = compare_outputs(out_c, out_r, atol=self.atol, rtol=self.rtol, strict_fp32=self.strict)
+            result.update(trial=t, affine=change)
+            record["ran"] += 1
+            if not result["passed"]:
+                result["message"] = f"on inputs changed to {described} (a trial beyond the task's own input " \
+                                    f"distribution, on which the reference is defined): {result['message']}"
+            self.trials.append(result)
+            if not result["passed"]:
+                self.correct = False
+                return
+            del out_c, out_r
 
     def _explain_mismatch(self, t: int, out_c, prev_c, prev_r, earlier: list) -> None:
         """A wrong output that is really a hack: stale memory, or an earlier call's result."""
@@ -776,6 +827,8 @@ class Job:
         self._wall = {"clock": clock, "wall_s": sum(g[clock] for g in timed),
                       "overhead_s": sum(g["replay"][clock] for g in timed), "groups": len(timed),
                       "calls": len(times), "reported_s": sum(times) / 1e3,
+                      # per timed group: (its clock's seconds less its replay's, calls)
+                      "per_group": [(g[clock] - g["replay"][clock], g["n"]) for g in timed if g["n"]],
                       "floor_ms": statistics.median(g["empty_ms"] for g in timed),
                       # an ungated replay's empty calls time the host's launch gaps, not an empty call behind a gate
                       "floor_known": all(g["replay"].get("gated", True) for g in timed)}
@@ -792,20 +845,20 @@ class Job:
                                       "held": g.get("held")} for g in groups]
 
     def bound_by_wall(self, traced: bool) -> None:
-        """What the judge's clock proves: the wall time of the timed groups less the replays' (the protocol's own
-        cost) and an allowance per group is time the candidate's calls took. The time that enters the reward is at
-        least that proven time per call over WALL_TOLERANCE, so a forged clock gains at most that tolerance; a gross
-        or impossible report is flagged. traced: the kernel trace judged every group (and bounded the time by the
-        kernels' own): the allowance is then TRACED_GROUP_JITTER_S, which honest groups never exceed."""
+        """What the judge's clock proves: in each timed group, its wall time less its replay's (the protocol's own
+        cost) and an allowance per group is time the candidate's calls took; the least of these per call, over the
+        timed groups, is the proven time. The time that enters the reward is at least that proven time over
+        WALL_TOLERANCE, so a forged clock gains at most that tolerance; a gross or impossible report is flagged.
+        traced: whether the kernel trace judged every group (recorded only: the allowance is the same either way,
+        since a trace comes from the candidate's process)."""
         w, t = getattr(self, "_wall", None), self.timing
         if not w or not t or not w["calls"]:
             return
-        self._bound_by_output_writes()
-        per_group = TRACED_GROUP_JITTER_S if traced and self.device.type == "cuda" else \
-            GROUP_JITTER_S.get(self.device.type, 0.001)
+        self._bound_by_physics()
+        per_group = GROUP_JITTER_S.get(self.device.type, 0.001)
         allowance = per_group * w["groups"]
-        proven_s = max(0.0, w["wall_s"] - w["overhead_s"] - allowance)
-        proven_ms = proven_s / w["calls"] * 1e3
+        proven_ms = min(max(0.0, g - per_group) / n for g, n in w["per_group"]) * 1e3 if w["per_group"] else 0.0
+        proven_s = proven_ms * w["calls"] / 1e3
         median = t["reported_median_ms"]
         if proven_ms / WALL_TOLERANCE > t["median_ms"]:
             t["median_ms"], t["capped"] = proven_ms / WALL_TOLERANCE, True
@@ -826,24 +879,66 @@ class Job:
             self.flag("timing_inconsistent", f"a call was reported as {median:.4g} ms, less than an empty call takes "
                                              f"in the same protocol ({w['floor_ms']:.4g} ms)")
 
-    def _bound_by_output_writes(self) -> None:
-        """A physical bound the judge owns, whatever the worker reports (its clock, its kernel trace): a call writes
-        its outputs, and what does not fit in L2 goes to the card's memory at no more than WRITE_FLOOR_MARGIN x the
-        copy bandwidth the judge measured at start-up. Below that time a report is impossible: flagged, and the
-        reward's time is at least that."""
+    def _task_needs(self, clone_inputs: bool) -> floor.Needs | None:
+        """What a call of the task must move and compute at the least (floor.needs), once per task and judge; None
+        where the reference cannot be traced for it (meta says why: no floor, no roofline then)."""
+        key = hashlib.sha256(self.payload.task_source.encode()).hexdigest() + f"|{self.seed}"
+        if key not in _NEEDS:
+            copy = (lambda x: map_tree(x, lambda t: t.clone())) if clone_inputs else (lambda x: x)
+            try:
+                found = floor.needs(lambda inputs: self.reference(copy(inputs), self.seed),
+                                    self.inputs(self.seed - 1), lambda: self.inputs(self.seed - 3),
+                                    list(self.ref_model.parameters()) + list(self.ref_model.buffers()), self._digest)
+            except Exception as e:  # noqa: BLE001 - a reference our dispatch modes cannot follow (its own runs passed
+                #                               already): no floor and no roofline, said so; never the task's verdict
+                self.meta["needs_error"] = format_exception(e, "tracing what the reference reads")[:300]
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                return None
+            if len(_NEEDS) >= REFERENCE_PROFILES_KEPT:
+                _NEEDS.pop(next(iter(_NEEDS)))
+            _NEEDS[key] = found
+        return _NEEDS[key]
+
+    def _bound_by_physics(self) -> None:
+        """A bound the judge owns, whatever the worker reports (its clock, its kernel trace): a call writes its outputs
+        and reads the inputs and weights they depend on (floor.needs), and the card moves bytes no faster than
+        floor.MARGIN x the copy bandwidth the judge measured at start-up. A report below that time is
+        faster_than_hardware, and the reward's time is at least that (on a GPU; a CPU's cores share no such
+        measured bound)."""
+        needs = getattr(self, "needs", None)
         bandwidth = self.device.info.get("copy_bytes_per_s") if self.device.type == "cuda" else None
-        written = max(0, getattr(self, "output_written_bytes", 0) - 2 * (self.device.info.get("l2_bytes") or 0))
-        if not bandwidth or not written:
+        if needs is None or not bandwidth:
             return
-        floor_ms = written / (WRITE_FLOOR_MARGIN * float(bandwidth)) * 1e3
+        floor_ms = floor.floor_ms(needs.bytes, bandwidth, self.device.info.get("l2_bytes"))
         t = self.timing
-        t["write_floor_ms"] = round(floor_ms, 6)
+        t["floor_ms"] = round(floor_ms, 6)
         if floor_ms > t["median_ms"]:
             t["median_ms"], t["capped"] = floor_ms, True
-        if t["reported_median_ms"] < floor_ms:
-            self.flag("timing_inconsistent", f"a call was reported as {t['reported_median_ms']:.4g} ms, less than "
-                                             f"writing its outputs ({written / 1e6:.0f} MB beyond L2) takes on this "
-                                             f"card ({floor_ms:.4g} ms at {WRITE_FLOOR_MARGIN}x its copy bandwidth)")
+        if floor_ms > 0 and t["reported_median_ms"] < floor_ms:
+            self.flag("faster_than_hardware", f"a call was reported as {t['reported_median_ms']:.4g} ms, less than "
+                      f"moving what it must takes on this card: {needs.bytes / 1e6:.1f} MB (outputs written, inputs "
+                      f"and weights they depend on read) at {floor.MARGIN}x its copy bandwidth of "
+                      f"{bandwidth / 1e12:.2f} TB/s, beyond {floor.L2_COPIES} L2's worth: {floor_ms:.4g} ms")
+
+    def set_peak_fraction(self) -> None:
+        """timing.peak_fraction: the share of the roofline (bytes at the copy bandwidth, FLOPs at the tensor-core
+        peak) the candidate's time reached; the reference's in meta.roofline."""
+        needs, t = getattr(self, "needs", None), self.timing
+        if needs is None or not t or not isinstance(t.get("median_ms"), (int, float)):
+            return
+        info = self.device.info
+        roof = floor.roofline_ms(needs.bytes, needs.flops, info.get("copy_bytes_per_s"),
+                                 info.get("tensor_flops_per_s"))
+        fraction = floor.peak_fraction(roof, t["median_ms"])
+        if fraction is None:
+            return
+        t["peak_fraction"] = round(fraction, 4)
+        ref = floor.peak_fraction(roof, (self.ref_timing or {}).get("median_ms"))
+        self.meta["roofline"] = dict(needs.to_dict(), roofline_ms=round(roof, 6),
+                                     copy_bytes_per_s=info.get("copy_bytes_per_s"),
+                                     tensor_flops_per_s=info.get("tensor_flops_per_s"),
+                                     reference_peak_fraction=round(ref, 4) if ref is not None else None)
 
     def check_repeats(self) -> None:
         """Outputs of calls on different fresh inputs that are bit for bit the same: results served from a cache
@@ -885,6 +980,11 @@ class Job:
         shared = [n for n in foreign if n in ref_kernels]
         if shared and self.settings.dynamic.forbid_reference_ops:
             self.flag("reference_op", f"forward ran the reference's own GPU kernels: {shared[0][:120]}")
+        unsynced = sum(w[3] for w in windows if len(w) > 3 and type(w[3]) is int and w[3] > 0)
+        if unsynced:
+            self.flag("unsynced_stream", f"{unsynced} kernel(s) of the calls ran on another stream without being "
+                                         "ordered within their call (started before the current stream's earlier "
+                                         "work ended, or still ran after the call had ended: kernel trace)")
         heavy = [n for n in foreign if tracing.HEAVY_KERNEL.search(n)]
         if heavy and self.settings.dynamic.forbid_library_heavy_ops:
             self.flag("library_heavy_op", f"forward ran library GEMM/convolution kernels: {heavy[0][:120]}")

@@ -117,6 +117,28 @@ def copy_bandwidth(device_type: str, nbytes: int = 256 << 20, reps: int = 5) -> 
     return 2 * nbytes / (best * 1e-3) / 1e9 if best else None
 
 
+def tensor_core_peak(device_type: str, n: int = 8192, reps: int = 5) -> float | None:
+    """FLOP/s of a dense bf16 matmul of n x n x n (cuBLAS on the tensor cores), the best of `reps`: the roofline's
+    compute peak (judge/floor.py). None on the CPU."""
+    if device_type != "cuda":
+        return None
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    c = a @ b
+    _cuda_synchronize()
+    best = None
+    for _ in range(reps):
+        start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+        start.record()
+        torch.matmul(a, b, out=c)
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        best = ms if best is None else min(best, ms)
+    del a, b, c
+    return 2 * n ** 3 / (best * 1e-3) if best else None
+
+
 def _timed_host(fn) -> float:
     t0 = _perf_counter_ns()
     fn()

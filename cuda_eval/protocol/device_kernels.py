@@ -27,6 +27,7 @@ import ctypes
 import glob
 import hashlib
 import os
+import secrets
 import struct
 from typing import Any
 
@@ -64,8 +65,8 @@ __device__ __forceinline__ void fold_block(u64* v, u64* out) {
 }
 
 // One thread per lane, 256 lanes per block; the block's lane states folded into out[blockIdx.x].
-extern "C" __global__ void digest_lanes(const u32* words, u32 n_lo, u32 n_hi, u32 lanes, u32 key_lo, u32 key_hi,
-                                        u64* out) {
+extern "C" __global__ void digest_lanes__TOKEN__(const u32* words, u32 n_lo, u32 n_hi, u32 lanes, u32 key_lo,
+                                                 u32 key_hi, u64* out) {
   __shared__ u64 v[256];
   const u64 n = ((u64)n_hi << 32) | n_lo, key = ((u64)key_hi << 32) | key_lo, L = lanes;
   const u64 j = (u64)blockIdx.x * 256 + threadIdx.x;
@@ -85,7 +86,7 @@ extern "C" __global__ void digest_lanes(const u32* words, u32 n_lo, u32 n_hi, u3
   fold_block(v, out);
 }
 
-extern "C" __global__ void digest_tree(const u64* in, u32 count, u64* out) {
+extern "C" __global__ void digest_tree__TOKEN__(const u64* in, u32 count, u64* out) {
   __shared__ u64 v[256];
   const u64 j = (u64)blockIdx.x * 256 + threadIdx.x;
   v[threadIdx.x] = j < count ? in[j] : 0ULL;
@@ -94,7 +95,7 @@ extern "C" __global__ void digest_tree(const u64* in, u32 count, u64* out) {
 
 // The gate of the gated timer: holds the stream for `ns` nanoseconds of the GPU's global timer (wall time, whatever
 // the SM clock does; a cycle-counting spin lasts longer when the clock drops).
-extern "C" __global__ void cuda_eval_gate(u32 ns_lo, u32 ns_hi) {
+extern "C" __global__ void cuda_eval_gate__TOKEN__(u32 ns_lo, u32 ns_hi) {
   const u64 ns = ((u64)ns_hi << 32) | ns_lo;
   u64 start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -102,9 +103,20 @@ extern "C" __global__ void cuda_eval_gate(u32 ns_lo, u32 ns_hi) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   } while (now - start < ns);
 }
+
+// The L2 flush between timed calls: zeroes `words` words (grid-stride). Ours, so that the kernel trace knows it by
+// this process's name for it (a torch fill would be named like any candidate's).
+extern "C" __global__ void cuda_eval_flush__TOKEN__(u32* p, u32 words_lo, u32 words_hi) {
+  const u64 words = ((u64)words_hi << 32) | words_lo;
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (u64)gridDim.x * blockDim.x) p[i] = 0u;
+}
 """
+# Base names of our kernels. Each process compiles them under names of its own (base + "_" + a random token drawn at
+# start-up, before any candidate code exists), so that the kernel trace tells ours from a candidate's by a name no
+# program can know when it is built (Kernels.names); the static rules still reserve the base names.
 GATE_KERNEL = "cuda_eval_gate"
 DIGEST_KERNELS = ("digest_lanes", "digest_tree")
+FLUSH_KERNEL = "cuda_eval_flush"
 
 
 def _signed(x: int) -> int:
@@ -234,25 +246,30 @@ class Kernels:
         self.device_type = device_type
         self.backend = "torch"
         self.fallback_reason = "" if device_type != "cuda" else "not compiled"
-        self._lanes = self._tree = self._gate = None
+        self._lanes = self._tree = self._gate = self._flush = None
+        self.token = secrets.token_hex(8)
+        # this process's names of its kernels: {"gate", "flush", "digests": (lanes, tree)}
+        self.names = {"gate": f"{GATE_KERNEL}_{self.token}", "flush": f"{FLUSH_KERNEL}_{self.token}",
+                      "digests": tuple(f"{n}_{self.token}" for n in DIGEST_KERNELS)}
         if device_type == "cuda":
             try:
                 self._compile(hold)
                 self.backend = "nvrtc"
                 self.fallback_reason = ""
             except Exception as e:  # no NVRTC here: the torch ops give the same digests, slower
-                self._lanes = self._tree = self._gate = None
+                self._lanes = self._tree = self._gate = self._flush = None
                 self.fallback_reason = f"{type(e).__name__}: {e}"[:300]
 
     def _compile(self, hold) -> None:
-        names = DIGEST_KERNELS + (GATE_KERNEL,)
+        names = self.names["digests"] + (self.names["gate"], self.names["flush"])
+        source = CUDA_SOURCE.replace("__TOKEN__", "_" + self.token)
         try:
-            binary = _nvrtc_binary(names[0])
+            binary = _nvrtc_binary(source, names[0])
         except OSError:
             _preload_nvrtc()   # torch looks for libnvrtc by soname only; the wheel's copy is not on the search path
-            binary = _nvrtc_binary(names[0])
+            binary = _nvrtc_binary(source, names[0])
         with (hold() if hold is not None else contextlib.nullcontext()):
-            self._lanes, self._tree, self._gate = _load_kernels(binary, names)
+            self._lanes, self._tree, self._gate, self._flush = _load_kernels(binary, names)
             self._probe()
 
     def _probe(self) -> None:
@@ -261,6 +278,9 @@ class Kernels:
         if self.digest_tensor(probe, 12345) != digest_tensor_torch(probe, 12345):
             raise RuntimeError("the NVRTC digest differs from the torch-op digest")
         self.gate(0.01)
+        scratch = torch.ones(4096, dtype=torch.uint8, device="cuda")
+        if not self.flush(scratch) or scratch.any():
+            raise RuntimeError("the flush kernel did not zero its buffer")
         _cuda_synchronize()
 
     # --- digest ---
@@ -350,6 +370,18 @@ class Kernels:
             out.append(h.hexdigest())
         return out
 
+    # --- flush ---
+    def flush(self, buffer: torch.Tensor) -> bool:
+        """Zero `buffer` (a contiguous CUDA tensor of whole 4-byte words) with our flush kernel; False where there is
+        none (the caller then zeroes it with torch)."""
+        n_bytes = buffer.numel() * buffer.element_size()
+        if self._flush is None or n_bytes % 4 or buffer.data_ptr() % 4 or not buffer.is_contiguous():
+            return False
+        words = n_bytes // 4
+        blocks = max(1, min(4096, -(-words // (256 * 4))))
+        self._flush(grid=(blocks, 1, 1), block=(256, 1, 1), args=[buffer, words & 0xFFFFFFFF, words >> 32])
+        return True
+
     # --- gate ---
     def gate(self, ms: float) -> bool:
         """Hold the current stream for `ms` of wall time; False where there is no time-based gate (the caller then
@@ -361,13 +393,14 @@ class Kernels:
         return True
 
 
-def _nvrtc_binary(name: str) -> bytes:
-    """CUDA_SOURCE compiled by NVRTC for this device (torch's helper, torch >= 2.8): CPU work only."""
+def _nvrtc_binary(source: str, name: str) -> bytes:
+    """`source` (CUDA_SOURCE with this process's names) compiled by NVRTC for this device (torch's helper, torch >=
+    2.8): CPU work only."""
     try:
         from torch.cuda._utils import _nvrtc_compile
     except ImportError as e:
         raise RuntimeError(f"torch {torch.__version__} cannot compile CUDA at run time (no NVRTC helper)") from e
-    binary, _ = _nvrtc_compile(CUDA_SOURCE, name)
+    binary, _ = _nvrtc_compile(source, name)
     return binary
 
 

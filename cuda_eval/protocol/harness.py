@@ -140,6 +140,21 @@ def make_inputs(task: types.ModuleType, device: "Device", seed: int) -> list:
     return map_tree(list(inputs), lambda t: t.to(device.torch_device))
 
 
+def affine_inputs(inputs: list, affine: dict | None) -> list:
+    """`inputs` with the leaves the judge named (affine["leaves"]: [top-level index, shift] of floating-point
+    tensors) replaced by x * affine["scale"] + shift in their own dtype; the others, and everything when `affine` is
+    None, as they are. The same arithmetic in the judge and the worker: both compute the same inputs."""
+    if not affine:
+        return inputs
+    scale = float(affine["scale"])
+    out = list(inputs)
+    for i, shift in affine["leaves"]:
+        t = out[i] if 0 <= i < len(out) else None
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            out[i] = torch.add(torch.mul(t, scale), float(shift))
+    return out
+
+
 def init_inputs(task: types.ModuleType, device: "Device", seed: int) -> list:
     set_seed(seed)
     values = list(task.get_init_inputs())
@@ -219,6 +234,9 @@ class Device:
         # NVRTC outside the device lock (CPU work), loaded and checked holding it.
         self.kernels = device_kernels.Kernels(device_type, hold=self.exclusive)
         self.info["own_kernels"] = self.kernels.backend
+        gated = self.timer_for("gated") if device_type == "cuda" else None
+        if isinstance(gated, timing.GatedTimer) and self.kernels.backend == "nvrtc":
+            gated.flush = self.kernels.flush   # the flush, by this process's name for it (kernel trace)
         if self.kernels.fallback_reason:
             self.info["own_kernels_fallback_reason"] = self.kernels.fallback_reason
         milestone(who, f"own kernels: {self.kernels.backend}")

@@ -92,6 +92,7 @@ class DynamicChecks:
 class JobConfig:
     """The evaluator's settings of one job, as the judge and the worker read them."""
     num_trials: int                 # correctness trials (EvalConfig.num_correct_trials)
+    affine_trials: int              # trials on affinely changed inputs after those (EvalConfig.affine_trials)
     atol: float
     rtol: float
     strict_fp32: float | None       # replaces atol and rtol for float32 outputs (the strict profile), or None
@@ -109,7 +110,7 @@ class JobConfig:
         _checked(self, "config")
         _check(self.timing, JobTiming, "config.timing")
         _check(self.dynamic, DynamicChecks, "config.dynamic")
-        if self.num_trials < 1 or self.timing_input_sets < 1 or self.timing_inputs_max_bytes < 0:
+        if self.num_trials < 1 or self.affine_trials < 0 or self.timing_input_sets < 1 or self.timing_inputs_max_bytes < 0:
             raise PayloadError(f"config: num_trials {self.num_trials} and timing_input_sets "
                                f"{self.timing_input_sets} must be >= 1, timing_inputs_max_bytes >= 0")
         if set(_check(self.profile_tools, dict, "config.profile_tools")) - {"cuobjdump"}:

@@ -69,6 +69,7 @@ FLAG_CODES: dict[str, str] = {
     # judge (judge/job.py)
     "timing_inconsistent": "the judge's clock, or the kernel trace of the calls, shows far more time than the "
                            "candidate reported (or less than an empty call takes)",
+    "faster_than_hardware": "a call was reported faster than the card can move the bytes it must read and write",
     "timed_output_mismatch": "the output of a timed call, picked by the judge after the call, was wrong (the timed "
                              "calls did not compute it)",
     "uncommitted_output": "the output sent for a call differs from the digest committed when the call ran (computed "

@@ -216,7 +216,7 @@ class Worker:
         gate_ms, key, checks = float(msg.get("gate_ms", 1.0)), int(msg.get("key", 0)), bool(msg.get("checks"))
         self.retained = None
         try:   # out of device memory here is reported (the judge tells a card too small from the candidate's doing)
-            inputs = [self.make_inputs(x) for x in seeds]
+            inputs = [harness.affine_inputs(self.make_inputs(x), _affine(msg.get("affine"))) for x in seeds]
             # The inputs' digests, not copies: a copy would hold the largest tasks' inputs twice (up to 16 GiB).
             guards = self.device.kernels.digests(inputs, key) if checks else None
         except Exception as e:
@@ -407,7 +407,7 @@ class Worker:
         self.session_state = "stopped"
         session, self.session = self.session, None
         try:
-            windows, foreign = session.stop(self.kernel_names)
+            windows, foreign = session.stop(self.kernel_names, self.device.kernels.names)
         except BaseException as e:
             if report:
                 self.flag("harness_access", f"the kernel trace of the calls was stopped or broken during the job "
@@ -415,7 +415,7 @@ class Worker:
             return
         if not report:
             return
-        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels]
+        self.meta["call_windows"] = [[round(w.busy_ms, 6), w.own, w.kernels, w.unsynced]
                                      for w in windows[:tracing.CALL_WINDOWS_MAX]]
         self.meta["call_groups"] = self.groups - self.session_groups
         self.meta["call_foreign_kernels"] = dict(sorted(foreign.items(), key=lambda kv: -kv[1])[:24])
@@ -620,6 +620,15 @@ class Worker:
 
 
 # --- process entry --------------------------------------------------------------------------------------------
+def _affine(spec) -> dict | None:
+    """The judge's affine change of a trial's inputs ({"scale", "shift", "leaves"}), checked; None when absent."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("leaves"), list):
+        raise CandidateError("internal: bad affine request")
+    return {"scale": float(spec["scale"]), "leaves": [[int(i), float(m)] for i, m in spec["leaves"][:64]]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = process_arguments(__doc__.split("\n")[0])
     parser.add_argument("--start-timeout", type=float, default=0.0,

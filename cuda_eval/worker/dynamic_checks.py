@@ -26,7 +26,6 @@ from typing import Any, Iterable
 
 import torch
 
-from cuda_eval.protocol import device_kernels
 from cuda_eval.protocol.harness import CANDIDATE_FILENAME, TASK_FILENAME
 from cuda_eval.protocol.tensors import POISON_BYTE, flatten
 from cuda_eval.protocol.tracing import (ALLOC_KERNEL, HEAVY_OPS, KernelTrace, OpRecorder, is_compute,
@@ -241,19 +240,31 @@ def non_plain_tensors(obj: Any) -> list[str]:
 
 
 # --- the kernels of every call (CUDA) ---------------------------------------------------------------------------
-# Kernels of our own in a trace (not the candidate's): the gates and markers that open each group of calls (the
-# time-based gate; the trace of the calls needs it), the digests that close it. Allocation and copy kernels (ours
-# and anybody's: flushes, fills, copies) are never held against a candidate.
-OWN_GATES = (device_kernels.GATE_KERNEL,)
-OWN_DIGESTS = device_kernels.DIGEST_KERNELS
+# Kernels of our own in a trace are known by this process's names for them (device_kernels.Kernels.names: a random
+# token drawn before any candidate code exists, which no program can know when it is built): the gate or marker that
+# opens each group's window, the flush before each call (and after the last: what closes a call), the digests that
+# close the window. Every other kernel in a window is the candidate's call's, whatever its name; only the list of
+# "foreign" kernels (checked against the reference's and library kernels by name) leaves out fills and copies.
+UNSYNCED_SLACK_NS = 1000      # GPU timestamps of two streams: a kernel ordered after another starts after it ended
 
 
 @dataclasses.dataclass
 class GroupWindow:
     """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
     busy_ms: float = 0.0          # GPU time covered by at least one of its kernels (overlaps counted once)
-    own: int = 0                  # launches of the program's own kernels
-    kernels: int = 0              # launches of any kernel of the candidate's (own or not)
+    own: int = 0                  # launches of the program's own kernels (by the names its source declares)
+    kernels: int = 0              # launches of any kernel in the calls (ours excepted)
+    unsynced: int = 0             # kernels on another stream not ordered within their call (see split_windows)
+
+
+@dataclasses.dataclass
+class GpuRecord:
+    """One GPU activity of the trace."""
+    start: int                    # ns, the GPU's clock
+    end: int
+    name: str
+    stream: int = 0
+    kernel: bool = True           # a kernel (CUPTI's activity kind), not a copy or a memset
 
 
 class KernelSession:
@@ -271,7 +282,7 @@ class KernelSession:
         self._prof.__enter__()
         return self
 
-    def stop(self, kernel_names: Iterable[str]) -> tuple[list[GroupWindow], dict[str, int]]:
+    def stop(self, kernel_names: Iterable[str], ours: dict) -> tuple[list[GroupWindow], dict[str, int]]:
         _cuda_synchronize()
         self._prof.__exit__(None, None, None)
         results = getattr(self._prof.profiler, "kineto_results", None)
@@ -281,23 +292,32 @@ class KernelSession:
         for ev in results.events():
             if "CUDA" not in str(ev.device_type()):
                 continue
-            name = ev.name()
-            start = ev.start_ns()
-            records.append((start, start + ev.duration_ns(), name))
-        records.sort()
-        return split_windows(records, kernel_names)
+            name, start = ev.name(), ev.start_ns()
+            kind = str(ev.activity_type() or "") if hasattr(ev, "activity_type") else ""
+            # CUPTI's kind when the profiler gives it ("kernel", "gpu_memcpy", "gpu_memset"); else the name's shape
+            records.append(GpuRecord(start, start + ev.duration_ns(), name, int(ev.device_resource_id() or 0),
+                                     kind == "kernel" if kind else is_kernel_name(name)))
+        records.sort(key=lambda r: (r.start, r.end))
+        return split_windows(records, kernel_names, ours)
 
 
-def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[str]) -> tuple[list[GroupWindow],
-                                                                                             dict[str, int]]:
-    """(one window per group: a gate or marker opens it, the first digest kernel after it closes it; the other
-    kernels' names and launch counts). Kernels that start outside every window (input generation, the reveals'
-    copies) are not the candidate's calls; allocation and copy kernels are never held against it."""
+def split_windows(records: list[GpuRecord], kernel_names: Iterable[str], ours: dict) -> tuple[list[GroupWindow],
+                                                                                           dict[str, int]]:
+    """(one window per group: our gate or marker opens it, our first digest kernel after it closes it; the other
+    kernels' names and launch counts). `ours`: this process's names of its kernels (Kernels.names). Kernels that
+    start outside every window (input generation, the reveals' copies) are not the candidate's calls.
+
+    Per window, a kernel on another stream than the gate's is `unsynced` when it started before the gate ended (it
+    waited for nothing on the current stream), or was still running when a flush of ours that started after it began
+    on the current stream (the flush follows its call's end event: the call had ended without waiting for it)."""
     names = [n for n in kernel_names if n]
+    gate, flush, digests = ours["gate"], ours["flush"], set(ours["digests"])
     windows: list[GroupWindow] = []
     foreign: dict[str, int] = {}
     spans: list[tuple[int, int]] = []
-    is_open = False
+    calls: list[GpuRecord] = []
+    flushes: list[GpuRecord] = []
+    opened: GpuRecord | None = None
 
     def close() -> None:
         busy, end = 0, None
@@ -308,31 +328,44 @@ def split_windows(records: list[tuple[int, int, str]], kernel_names: Iterable[st
             elif b > end:
                 busy += b - end
                 end = b
-        windows[-1].busy_ms = busy / 1e6
+        win = windows[-1]
+        win.busy_ms = busy / 1e6
+        for k in calls:
+            if k.stream == opened.stream:
+                continue
+            early = k.start < opened.end - UNSYNCED_SLACK_NS
+            late = any(f.stream == opened.stream and f.start >= k.start and k.end > f.start + UNSYNCED_SLACK_NS
+                       for f in flushes)
+            win.unsynced += early or late
         spans.clear()
+        calls.clear()
+        flushes.clear()
 
-    for start, end, name in records:
-        if any(g in name for g in OWN_GATES):
-            if is_open:
+    for rec in records:
+        if rec.name == gate:
+            if opened is not None:
                 close()
             windows.append(GroupWindow())
-            is_open = True
-        elif any(d in name for d in OWN_DIGESTS):
-            if is_open:
+            opened = rec
+        elif rec.name in digests:
+            if opened is not None:
                 close()
-                is_open = False
-        elif is_open:
+                opened = None
+        elif opened is None:
+            continue
+        elif rec.name == flush:
+            flushes.append(rec)
+        elif rec.kernel:
             win = windows[-1]
-            own = any(mentions(name, n) for n in names)   # first: a program's own `copy_rows` kernel is its own
-            if not own and (ALLOC_KERNEL.search(name) or not is_kernel_name(name)):
-                continue
+            own = any(mentions(rec.name, n) for n in names)
             win.kernels += 1
-            spans.append((start, end))
+            spans.append((rec.start, rec.end))
+            calls.append(rec)
             if own:
                 win.own += 1
-            else:
-                foreign[name[:200]] = foreign.get(name[:200], 0) + 1
-    if is_open:
+            elif not ALLOC_KERNEL.search(rec.name):
+                foreign[rec.name[:200]] = foreign.get(rec.name[:200], 0) + 1
+    if opened is not None:
         close()
     return windows, foreign
 

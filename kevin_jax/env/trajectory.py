@@ -78,6 +78,11 @@ class Turn:
         return _usable_speedup(self.verdict.get("speedup")) if self.correct else None
 
     @property
+    def peak_fraction(self) -> float | None:
+        """The share of the roofline a correct kernel's time reached (EvalResult.peak_fraction); None if unknown."""
+        return _usable_speedup(self.verdict.get("peak_fraction")) if self.correct else None
+
+    @property
     def compile_speedup(self) -> float | None:
         """Over torch.compile(reference) (EvalConfig.ref_compile: meta.ref_compile_timing), of a correct kernel: its
         median time over the candidate's; None when either was not measured."""

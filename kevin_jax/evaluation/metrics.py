@@ -12,6 +12,9 @@ Definitions (Kevin, arXiv 2507.11948):
   averaged over tasks.
 - Serial-refinement curve: every metric after t = 1..T turns. Fixed budget: the same number of kernels spent as
   k trajectories x t turns, e.g. 16 = 16 x 1 = 8 x 2 = 4 x 4.
+- peak_fraction: the share of the roofline (bytes at the card's copy bandwidth, FLOPs at its tensor-core peak) that a
+  trajectory's best correct kernel reached (EvalResult.peak_fraction; 0 if none), averaged like performance; unlike a
+  speedup it does not depend on how fast the reference is. It is reported with the eager numbers.
 - Speedups are against PyTorch eager ("eager": EvalResult.speedup) and, when the evaluator also timed
   torch.compile(reference) (EvalConfig.ref_compile: meta.ref_compile_timing), against it ("compile"). A task whose
   correct kernels lack a torch.compile timing is left out of the "compile" numbers (counted in `tasks_excluded`).
@@ -67,13 +70,14 @@ class KernelOutcome:
     """What one turn's kernel counts for. `speedups[b]` is None when not ok or when baseline b was not measured."""
     ok: bool
     speedups: Mapping[str, float | None]
+    peak_fraction: float | None = None
 
 
 def kernel_outcome(turn: Turn, mode: str) -> KernelOutcome:
     """A turn's kernel in an evaluation of this mode: ok = Turn.ok(mode); speeds only for an ok kernel of "full"."""
     if mode == "compile_only" or not turn.ok(mode):
         return KernelOutcome(turn.ok(mode), {"eager": None, "compile": None})
-    return KernelOutcome(True, {"eager": turn.speedup, "compile": turn.compile_speedup})
+    return KernelOutcome(True, {"eager": turn.speedup, "compile": turn.compile_speedup}, turn.peak_fraction)
 
 
 def infer_mode(verdicts: Iterable[Mapping]) -> str:
@@ -140,6 +144,8 @@ def trajectory_values(kernels: Sequence[KernelOutcome | None], turns: int, basel
     out = {"correct": float(bool(seen)), "performance": float(best)}
     for p in fast_p:
         out[fast_name(p)] = float(best >= p)
+    if baseline == "eager":
+        out["peak_fraction"] = float(max((k.peak_fraction or 0.0 for k in seen), default=0.0))
     return out
 
 
@@ -176,7 +182,8 @@ def aggregate(tasks: Sequence[TaskKernels], turns: int, ks: Sequence[int], mode:
     if mode == "compile_only":
         return out
     speed_metrics = ["performance"] + [fast_name(p) for p in fast_p]
-    out["eager"] = {m: _mean_of(summarize(v[m], ks) for v in per_task_eager) for m in speed_metrics}
+    out["eager"] = {m: _mean_of(summarize(v[m], ks) for v in per_task_eager)
+                    for m in speed_metrics + ["peak_fraction"]}
     if not any(k is not None and k.speedups.get("compile") is not None
                for t in tasks for row in t.kernels for k in row[:turns]):
         return out   # torch.compile was not timed (EvalConfig.ref_compile off)

@@ -46,6 +46,8 @@ def _rows(section: Mapping[str, Any], correct: str, fast_p: Sequence[float]) -> 
         suffix = f" vs {BASELINE_LABEL[baseline]}"
         rows.append(("performance" + suffix, "performance", section[baseline]["performance"]))
         rows += [(fast_name(p) + suffix, fast_name(p), section[baseline][fast_name(p)]) for p in fast_p]
+        if "peak_fraction" in section[baseline]:   # the share of the roofline: no baseline of its own
+            rows.append(("peak fraction (roofline)", "peak_fraction", section[baseline]["peak_fraction"]))
     return rows
 
 

@@ -105,6 +105,34 @@ def test_forged_gpu_timers_are_not_rewarded(gpu_corpus_results):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.gpu
+def test_the_physics_floor_holds_for_honest_kernels_and_binds_forged_timers(gpu_corpus_results):
+    """Every honest kernel's reported time is above the least time the card allows for the bytes it must move (the
+    floor at 1.5x the measured copy bandwidth; the table printed is the margin each kept), every verdict carries
+    peak_fraction, and the timer forged 20x fast (adversarial/event_forge, 512 MiB moved per call) is
+    faster_than_hardware. The LayerNorm that skips its statistics is incorrect on the affine trials."""
+    rows, problems = [], []
+    for c in HONEST:
+        r = gpu_corpus_results[c.id]
+        t = r.timing or {}
+        if "floor_ms" not in t or r.peak_fraction is None:
+            problems.append(f"{c.id}: no floor or peak_fraction ({r.meta.get('needs_error')}, {t})")
+            continue
+        margin = t["reported_median_ms"] / t["floor_ms"] if t["floor_ms"] else float("inf")
+        rows.append(f"{c.id:40s} reported {t['reported_median_ms']:.4f} ms  floor {t['floor_ms']:.4f} ms  "
+                    f"x{margin:.2f}  peak_fraction {r.peak_fraction:.3f}")
+        if margin <= 1.0:
+            problems.append(f"{c.id}: below the floor ({t})")
+    print("\n".join(rows))
+    assert not problems, "\n".join(problems)
+    forged = gpu_corpus_results["adversarial/event_forge"]
+    assert "faster_than_hardware" in {f["code"] for f in forged.hack_flags}, forged.hack_flags
+    assert forged.timing["median_ms"] >= forged.timing["floor_ms"]
+    shortcut = gpu_corpus_results["adversarial/layernorm_skip_stats"]
+    assert shortcut.correct is False and all(t["passed"] for t in shortcut.trials[:-1]), shortcut.trials
+    assert "affine" in shortcut.trials[-1], shortcut.trials[-1]
+
+
 @pytest.fixture(scope="module")
 def gpu_corpus_results():
     """Every honest and adversarial candidate through the real evaluator on the GPU, once (static rejection off, so

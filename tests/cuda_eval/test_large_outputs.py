@@ -51,7 +51,8 @@ def test_an_output_over_the_candidates_file_size_limit_and_disk_quota_is_judged(
         r = ev.evaluate([request(relu_task(ROWS, COLS), "big")])[0]
     assert r.correct is True and r.runtime_error is None, (r.runtime_error, r.meta.get("crash"))
     assert r.meta["output_buffer_bytes"] >= ROWS * COLS * 4 and not r.meta.get("internal_error")
-    assert len(r.trials) == 2 and all(t["passed"] for t in r.trials) and r.timing["median_ms"] > 0
+    assert len([t for t in r.trials if "affine" not in t]) == 2 and all(t["passed"] for t in r.trials)
+    assert r.timing["median_ms"] > 0
 
 
 @pytest.mark.slow

@@ -69,7 +69,24 @@ def test_cpu_verdict_details(cpu_results):
     assert "exited with code 5" in cpu_results["os_exit"].runtime_error
     honest = cpu_results["honest_relu"]
     assert honest.meta["extension_calls"] == 1 and honest.meta["python_ops"] == []
-    assert len(honest.trials) == 3 and all(t["passed"] for t in honest.trials)
+    ordinary = [t for t in honest.trials if "affine" not in t]
+    assert len(ordinary) == 3 and len(honest.trials) == 5 and all(t["passed"] for t in honest.trials)
+
+
+def test_a_shortcut_right_only_on_the_tasks_distribution_fails_the_affine_trials(compile_pool):  # noqa: F811
+    """A LayerNorm that skips its statistics (x * w + b) passes the ordinary trials on the task's randn rows (mean
+    ~0, variance ~1) and fails a trial on inputs x * s + m; the honest LayerNorm passes every trial. Without the
+    affine trials (affine_trials=0) the shortcut is judged correct: the defence is what catches it."""
+    names = ["honest_layernorm", "layernorm_skip_stats"]
+    with Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
+        honest, shortcut = ev.evaluate([corpus_index.request(BY_NAME[n]) for n in names])
+    assert honest.correct and len(honest.trials) == 5 and all(t["passed"] for t in honest.trials)
+    assert honest.meta["affine_trials"]["ran"] == 2 and honest.meta["affine_trials"]["leaves"] == [0]
+    assert shortcut.correct is False and all(t["passed"] for t in shortcut.trials[:3]), shortcut.trials
+    assert "affine" in shortcut.trials[-1] and "inputs changed to x *" in shortcut.trials[-1]["message"]
+    with Evaluator(cpu_config(affine_trials=0, spare_workers=1), compile_pool=compile_pool) as ev:
+        plain = ev.evaluate([corpus_index.request(BY_NAME["layernorm_skip_stats"], "without affine trials")])[0]
+    assert plain.correct is True and not plain.hack_flags, (plain.trials, plain.hack_flags)
 
 
 def test_next_candidate_runs_normally_after_each_bad_one(compile_pool):  # noqa: F811

@@ -418,9 +418,9 @@ def test_cuda_timers_end_on_the_judges_last_call(method):
 
 
 def test_the_timers_and_the_trace_session_are_watched(monkeypatch):
-    """The timers report the times and the kernel trace's session the GPU time that bound them (and, under a trace
-    that judged every group, the judge's looser wall allowance): replacing a method of theirs in the candidate's
-    process is a monkeypatch, as for the harness's own classes."""
+    """The timers report the times and the kernel trace's session the GPU time that bound them, and our kernels
+    (gate, flush) delimit the calls in the trace: replacing a method of theirs in the candidate's process is a
+    monkeypatch, as for the harness's own classes."""
     import types
 
     from cuda_eval.protocol import device_kernels, timing
@@ -429,7 +429,8 @@ def test_the_timers_and_the_trace_session_are_watched(monkeypatch):
     task = types.ModuleType("task")
     task.Model = type("Model", (), {})
     for cls, name in ((dynamic_checks.KernelSession, "stop"), (timing.GatedTimer, "time_group"),
-                      (timing.TorchEventTimer, "time"), (timing.NativeTimer, "time"), (device_kernels.Kernels, "gate")):
+                      (timing.TorchEventTimer, "time"), (timing.NativeTimer, "time"), (device_kernels.Kernels, "gate"),
+                      (device_kernels.Kernels, "flush")):
         snapshot = worker_main.harness_snapshot(task)
         assert not snapshot.changed()
         monkeypatch.setattr(cls, name, lambda *a, **k: None)

@@ -262,3 +262,32 @@ def test_tables_side_by_side():
     assert lines[2].startswith("correct 40%") and lines[2].endswith("correct 75%")
     assert lines[3] == "fast_1 10%"
     assert lines[0].index("profile kernelbench") == lines[2].index("correct 75%")
+
+
+def test_peak_fraction_is_the_best_correct_kernels_share_of_the_roofline():
+    """Per trajectory the largest peak_fraction of its correct kernels (0 if none; a flagged kernel's is not
+    counted), averaged like performance; the eval table shows it as a percentage."""
+    from kevin_jax.evaluation.report import render
+
+    def with_peak(speedup, peak, **kw):
+        spec = ok(speedup, **kw)
+        spec["peak"] = peak
+        return spec
+
+    def make(task_id, j, *specs):
+        turns = []
+        for i, spec in enumerate(specs):
+            spec = dict(spec)
+            peak = spec.pop("peak", None)
+            t = turn(i, **spec)
+            t["verdict"]["peak_fraction"] = peak if t["verdict"]["correct"] else None
+            turns.append(t)
+        return Trajectory.from_dict({"task_id": task_id, "traj_index": j, "turns": turns})
+    trajs = [make("L1/1_A", 0, with_peak(1.0, 0.2), with_peak(2.0, 0.4)),
+             make("L1/1_A", 1, WRONG, with_peak(3.0, 0.9, hack=True)),
+             make("L1/2_B", 0, with_peak(0.5, 0.1), WRONG),
+             make("L1/2_B", 1, WRONG, WRONG)]
+    m = compute_metrics(trajs)
+    assert m["summary"]["eager"]["peak_fraction"]["avg"] == pytest.approx(((0.4 + 0.0) / 2 + (0.1 + 0.0) / 2) / 2)
+    assert m["summary"]["eager"]["peak_fraction"]["best@2"] == pytest.approx((0.4 + 0.1) / 2)
+    assert "peak fraction (roofline)" in render(m) and "25.0%" in render(m)

@@ -1,5 +1,5 @@
 # task: relu
-# expect: timing_inconsistent
+# expect: timing_inconsistent,faster_than_hardware
 # static: harness_access,monkeypatch
 # about: the honest relu kernel, plus at import a subclass of the timing module's private _CudaEvent (reached through
 # about: sys.modules) whose elapsed_time divides by 20, and every timer class's time() wrapped the same way
