@@ -358,9 +358,39 @@ def _global_flags() -> dict[str, Any]:
     return flags
 
 
+def is_own_module(module: types.ModuleType) -> bool:
+    """One of the evaluator's modules (the worker's own __main__ too: its spec names it)."""
+    spec = getattr(module, "__spec__", None)
+    names = (getattr(module, "__name__", ""), getattr(spec, "name", "") or "")
+    return any(isinstance(n, str) and (n == "cuda_eval" or n.startswith("cuda_eval.")) for n in names)
+
+
+# Module globals of ours that change legitimately during a job (the active trace, whether the guards are in place).
+_MUTABLE_OWN_GLOBALS = frozenset({"_active", "_guarded_now"})
+
+
+def _function_parts(key: str, value: Any) -> Iterable[tuple[str, Any]]:
+    """What a function of ours holds that a call reads: its code, its defaults (the timers hold the clocks and
+    events they call as keyword-only defaults) and its closure's cells, each by identity."""
+    fn = value.__func__ if _isinstance(value, (staticmethod, classmethod)) else value
+    if _type(fn) is not types.FunctionType:
+        return
+    yield f"{key}.__code__", fn.__code__
+    yield f"{key}.__defaults__", fn.__defaults__
+    for name, default in (fn.__kwdefaults__ or {}).items():
+        yield f"{key}.__kwdefaults__[{name}]", default
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            yield f"{key}.__closure__[{i}]", cell.cell_contents
+        except ValueError:  # an empty cell
+            yield f"{key}.__closure__[{i}]", None
+
+
 class IdentitySnapshot:
-    """Which object every watched name refers to. Public module attributes, whole class dictionaries (dunder
-    methods included) and global numerical flags are watched."""
+    """Which object every watched name refers to. Public module attributes of torch's and Python's modules, every
+    name of our own modules (private aliases included: the worker's captured clocks, events and channel functions),
+    whole class dictionaries (dunder methods included), the code, defaults and closure cells of our own functions,
+    and global numerical flags are watched."""
 
     def __init__(self, modules: Iterable[types.ModuleType], classes: Iterable[type],
                  namespaces: dict[str, dict] | None = None):
@@ -373,13 +403,20 @@ class IdentitySnapshot:
     def _collect(self) -> dict[str, Any]:
         entries: dict[str, Any] = {}
         for m in self._modules:
+            own = is_own_module(m)
             for k, v in list(vars(m).items()):
-                if not k.startswith("_") or k in ("__import__", "__build_class__"):
+                if own and k not in _MUTABLE_OWN_GLOBALS or not k.startswith("_") or \
+                        k in ("__import__", "__build_class__"):
                     entries[f"{m.__name__}.{k}"] = v
+                    if own and getattr(v, "__module__", None) == m.__name__:
+                        entries.update(_function_parts(f"{m.__name__}.{k}", v))
         for c in self._classes:
+            own = (c.__module__ or "").startswith("cuda_eval") or c.__module__ == "__main__"
             for k, v in list(vars(c).items()):
                 if k not in ("__doc__", "__weakref__", "__dict__", "__annotations__", "_abc_impl"):
                     entries[f"{c.__module__}.{c.__qualname__}.{k}"] = v
+                    if own:
+                        entries.update(_function_parts(f"{c.__module__}.{c.__qualname__}.{k}", v))
         for label, ns in self._namespaces.items():
             for k, v in list(ns.items()):
                 if not k.startswith("__"):
@@ -401,12 +438,9 @@ def default_watch_modules() -> list[types.ModuleType]:
     import torch.testing
     mods = [torch, torch.cuda, F, torch.testing, torch.autograd, torch.random, time, builtins, gc, threading,
             torch.nn.init, torch.linalg, torch.fft, torch.special]
-    for name in ("cuda_eval._native", "cuda_eval.protocol.tensors", "cuda_eval.protocol.tracing",
-                 "cuda_eval.worker.dynamic_checks", "cuda_eval.protocol.timing", "cuda_eval.worker",
-                 "cuda_eval.protocol.harness", "cuda_eval.protocol.channel", "cuda_eval.protocol.wire",
-                 "cuda_eval.protocol.device_kernels"):
-        if name in sys.modules:
-            mods.append(sys.modules[name])
+    # every module of ours loaded in this process (the worker's, the protocol's, the static rules its trace reads)
+    mods += [m for name, m in sorted(sys.modules.items())
+             if _isinstance(m, types.ModuleType) and (name == "cuda_eval" or name.startswith("cuda_eval."))]
     return mods
 
 
