@@ -358,6 +358,36 @@ def _global_flags() -> dict[str, Any]:
     return flags
 
 
+# ATen ops the harness runs in the worker outside the candidate's calls: the output digest (its torch-op form), the
+# inputs' generation, the outputs' packing, the poisoning of freed memory. A kernel a candidate registers for one
+# of them (TORCH_LIBRARY_IMPL(aten, CPU, m)) would run its deferred work inside our code, after its call returned.
+HARNESS_ATEN_OPS = frozenset("""
+    detach contiguous clone reshape view _unsafe_view _reshape_alias alias as_strided slice select unsqueeze
+    expand new_zeros zeros zeros_like empty empty_like empty_strided new_empty new_empty_strided fill_ zero_ copy_
+    _copy_from _copy_from_and_resize _to_copy to cat bitwise_and bitwise_xor bitwise_or __rshift__ __lshift__
+    bitwise_right_shift bitwise_left_shift __and__ __xor__ __or__ mul add sub arange lift_fresh lift_fresh_copy
+    _local_scalar_dense item eq equal resize_ set_ _pin_memory pin_memory randn rand randint randn_like rand_like
+    randint_like normal normal_ uniform_ random_ bernoulli bernoulli_ exponential_ randperm multinomial ones
+    ones_like full full_like linspace scalar_tensor
+""".split())
+_dispatch_dump = torch._C._dispatch_dump
+# Their overloads, listed once at import (before any candidate code: the list of every op takes ~0.1 s).
+_HARNESS_OP_NAMES = tuple(sorted(n for n in torch._C._dispatch_get_all_op_names()
+                                 if n.startswith("aten::") and n[6:].split(".", 1)[0] in HARNESS_ATEN_OPS))
+
+
+def harness_aten_registrations() -> dict[str, str]:
+    """The dispatcher's registrations of every overload of HARNESS_ATEN_OPS (~200, ~10 ms): each kernel and where
+    it was registered (a kernel registered over one of them changes its entry)."""
+    out = {}
+    for name in _HARNESS_OP_NAMES:
+        try:
+            out[name] = _dispatch_dump(name)
+        except RuntimeError:   # no longer a known op: changed too
+            out[name] = ""
+    return out
+
+
 def is_own_module(module: types.ModuleType) -> bool:
     """One of the evaluator's modules (the worker's own __main__ too: its spec names it)."""
     spec = getattr(module, "__spec__", None)
@@ -399,6 +429,7 @@ class IdentitySnapshot:
         self._namespaces = dict(namespaces or {})
         self._entries = self._collect()
         self._flags = _global_flags()
+        self._aten = harness_aten_registrations()
 
     def _collect(self) -> dict[str, Any]:
         entries: dict[str, Any] = {}
@@ -429,6 +460,9 @@ class IdentitySnapshot:
         flags_now = _global_flags()
         out += [f"{k} ({self._flags[k]!r} -> {flags_now.get(k)!r})" for k in self._flags
                 if flags_now.get(k) != self._flags[k]]
+        aten_now = harness_aten_registrations()
+        out += [f"the kernels registered for {k}" for k in sorted(set(self._aten) | set(aten_now))
+                if self._aten.get(k) != aten_now.get(k)]
         return out
 
 

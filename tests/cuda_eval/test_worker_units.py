@@ -509,3 +509,80 @@ def test_a_rebound_clock_alias_changes_no_timer(monkeypatch):
     monkeypatch.undo()
     honest = timing.HostTimer().time(busy, warmup=1, reps=5)
     assert min(slowed) > 0.1 * min(honest), (slowed, honest)
+
+
+def test_the_cpu_clock_counts_threads_that_have_exited():
+    """The CPU device's clock (the judge reads the worker's CPU time from outside): work done on a thread that has
+    exited before the read still counts (a live thread's schedstat would lose it: a C11 thread that does the work and
+    ends before the judge looks), and so does the work of a child process that has been reaped."""
+    import os
+    import subprocess
+
+    from cuda_eval.judge import cpu_clock
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before = cpu_clock.process_tree_cpu_ns(os.getpid())
+    t = threading.Thread(target=burn, args=(0.3,))
+    t.start()
+    t.join()
+    after = cpu_clock.process_tree_cpu_ns(os.getpid())
+    assert after - before >= 0.25e9, (after - before) / 1e9
+    code = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    before = cpu_clock.process_tree_cpu_ns(os.getpid())
+    subprocess.run([sys.executable, "-c", code], check=True)   # reaped by run(): its time is our cutime now
+    after = cpu_clock.process_tree_cpu_ns(os.getpid())
+    assert after - before >= 0.25e9, (after - before) / 1e9
+    assert cpu_clock.process_tree_cpu_ns(2 ** 22 + 12345) is None
+
+
+def _aten_cpu_override(ops: list[str], seen: list[str]):
+    """A library registering a CPU kernel over each of `ops` that records its call and raises (what a candidate's
+    TORCH_LIBRARY_IMPL(aten, CPU, m) does from C++); the caller destroys it."""
+    lib = torch.library.Library("aten", "IMPL")
+    for op in ops:
+        def kernel(*args, _op=op, **kwargs):
+            seen.append(_op)
+            raise RuntimeError(f"intercepted {_op}")
+        lib.impl(op, kernel, "CPU")
+    return lib
+
+
+def test_the_host_digest_runs_no_aten_op():
+    """The digest that commits a call's output is our own code over the tensor's memory on the host: a kernel a
+    candidate registers over the ATen ops the torch form of the digest runs (detach, _to_copy, bitwise ops, cat)
+    is never called, so no deferred work can finish inside it."""
+    from cuda_eval.protocol import device_kernels
+    kernels = device_kernels.Kernels("cpu")
+    outs = [torch.randn(64, 33), (torch.randn(5, 7)[:, ::2], 3), torch.arange(10, dtype=torch.int8)]
+    expected = kernels.digests(outs, 99)
+    seen: list[str] = []
+    lib = _aten_cpu_override(["detach", "_to_copy", "bitwise_xor.Tensor", "bitwise_and.Scalar", "cat",
+                              "view.dtype", "clone", "copy_"], seen)
+    try:
+        got = kernels.digests(outs, 99)
+    finally:
+        lib._destroy()
+    assert got == expected and seen == [], seen
+    assert expected[0] == kernels.digests([outs[0].clone()], 99)[0]   # the digest of the bytes, not of the object
+    # the same digests as the spec's torch form (the judge on a GPU, the CUDA kernels)
+    assert device_kernels.finish(*device_kernels._native_digest_values(
+        outs[2].data_ptr(), [10], [1], 1, 99), 99) == device_kernels.digest_tensor_torch(outs[2], 99)
+
+
+def test_kernels_registered_over_the_harness_aten_ops_are_seen():
+    """A kernel registered for an ATen op the harness runs (the digest's torch form, the inputs' generation, the
+    outputs' packing) after the snapshot is a monkeypatch."""
+    snapshot = dynamic_checks.IdentitySnapshot(dynamic_checks.default_watch_modules(),
+                                               dynamic_checks.default_watch_classes())
+    assert snapshot.changed() == []
+    lib = _aten_cpu_override(["detach"], [])
+    try:
+        changed = snapshot.changed()
+    finally:
+        lib._destroy()
+    assert "the kernels registered for aten::detach" in changed, changed
+    assert snapshot.changed() == []
