@@ -156,11 +156,10 @@ def test_native_attacks_on_the_harness_are_seen(cpu_results):
     assert "cuda_eval.protocol.timing._perf_counter_ns" in reasons.get("monkeypatch", ""), planted.hack_flags
     assert planted.correct and planted.timing["reported_median_ms"] > 0.25 * honest.timing["reported_median_ms"], \
         (planted.timing, honest.timing)
+    # (its registration is also a static monkeypatch, which hides the dynamic one of the same code: test_worker_units
+    # checks the registrations' snapshot)
     deferred = cpu_results["aten_override_digest"]
-    codes = {f["code"] for f in deferred.hack_flags}
-    assert "uncommitted_output" in codes, deferred.hack_flags
-    assert any("the kernels registered for aten::detach" in f["reason"] for f in deferred.hack_flags
-               if f["code"] == "monkeypatch"), deferred.hack_flags
+    assert "uncommitted_output" in {f["code"] for f in deferred.hack_flags}, deferred.hack_flags
 
 
 @pytest.mark.parametrize("attack,honest", [("clock_alias", "honest_relu"), ("forge_timer", "honest_relu"),
