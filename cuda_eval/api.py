@@ -492,6 +492,8 @@ class Evaluator:
         if policy_name == "auto":
             policy_name = "kevin" if config.device_type == "cuda" else "cpu"
         self.static_policy = checks.StaticPolicy.named(policy_name)
+        if not config.forbid_library_heavy_ops:   # the static form of the same rule (ATen below the dispatcher)
+            self.static_policy = dataclasses.replace(self.static_policy, forbid_undispatched_library_ops=False)
         self._own_compile_pool = compile_pool is None
         if compile_pool is None and self.cluster is not None:
             self.arch = self.cluster.arch()   # the GPU nodes' (each compile node checks its own nvcc for it)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval.judge import affine, compare, floor
+from cuda_eval.judge import affine, compare, cpu_clock, floor
 from cuda_eval.judge.compare import compare_outputs
 from cuda_eval.profile import kernel_profile, kernel_profiler
 from cuda_eval.protocol import channel, harness, tensors, timing, tracing, wire
@@ -1200,32 +1200,8 @@ class Job:
 
 
 def _process_tree_cpu_ns(pid: int) -> int | None:
-    """CPU nanoseconds of every thread of `pid` and of its descendants (/proc/<pid>/task/*/schedstat: kernel
-    accounting); None if `pid` cannot be read."""
-    total, todo, seen = 0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            if p == pid:
-                return None
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass  # a thread that just ended
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except (OSError, ValueError):
-                pass
-    return total
+    """CPU nanoseconds of `pid` and its descendants, exited threads and reaped children included (cpu_clock.py)."""
+    return cpu_clock.process_tree_cpu_ns(pid)
 
 
 def _chunks(total: int, size: int) -> list[int]:

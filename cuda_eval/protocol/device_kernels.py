@@ -35,7 +35,15 @@ import torch
 
 from cuda_eval.protocol.wire import Received
 
+try:   # the digest of host tensors over their raw memory (our own C++: no ATen op a candidate can register over)
+    from cuda_eval._native import digest_values as _native_digest_values
+except ImportError:   # a checkout without the built module: the torch-op form, the same digests
+    _native_digest_values = None
+
 _cuda_synchronize = torch.cuda.synchronize
+# The tensor metadata the host digest reads: attributes of the tensor itself, never dispatched ops.
+_data_ptr, _size, _stride = torch.Tensor.data_ptr, torch.Tensor.size, torch.Tensor.stride
+_element_size = torch.Tensor.element_size
 WORDS_PER_LANE = 16
 BLOCK = 256
 MAX_VALUES = 1024             # tree levels until at most this many 64-bit values go to the host
@@ -316,6 +324,9 @@ class Kernels:
         return values, n
 
     def digest_tensor(self, t: torch.Tensor, key: int) -> bytes:
+        host = _host_digest(t, key)
+        if host is not None:
+            return host
         values, n = self._values(t, key)
         return finish(_host_bytes(values), n, key)
 
@@ -337,6 +348,10 @@ class Kernels:
                 t = x.tensor if type(x) is Received else x
                 if isinstance(t, torch.Tensor):
                     parts.append(f"T{str(t.dtype).replace('torch.', '')}{list(t.shape)}".encode())
+                    host = _host_digest(t, key) if device is None or torch.device(device).type == "cpu" else None
+                    if host is not None:   # a host tensor: its digest now, from its memory
+                        parts.append(host)
+                        return
                     values, n = self._values(t, key, device)
                     parts.append((len(pending), n))
                     pending.append(values)
@@ -391,6 +406,18 @@ class Kernels:
         ns = max(0, int(ms * 1e6))
         self._gate(grid=(1, 1, 1), block=(1, 1, 1), args=[ns & 0xFFFFFFFF, ns >> 32])
         return True
+
+
+def _host_digest(t: torch.Tensor, key: int, *, _values=_native_digest_values, _ptr=_data_ptr, _sizes=_size,
+                 _strides=_stride, _itemsize=_element_size) -> bytes | None:
+    """The digest of a strided host tensor computed by our C++ over its memory (None: not a host tensor, or no
+    native module here). The digest of a candidate's output must not run through ATen ops: an extension can
+    register its own kernel for any of them (TORCH_LIBRARY_IMPL(aten, CPU, m)) and finish deferred work there,
+    after its call returned (docs/EVALUATOR.md, "Known limits")."""
+    if _values is None or t.device.type != "cpu" or t.layout != torch.strided:
+        return None
+    values, n = _values(_ptr(t), list(_sizes(t)), list(_strides(t)), _itemsize(t), key & _MASK64)
+    return finish(values, n, key)
 
 
 def _nvrtc_binary(source: str, name: str) -> bytes:

@@ -40,7 +40,10 @@ import torch
 
 Call = Callable[[int], None]  # fn(k), k the logical call number (module doc)
 
-_perf_counter_ns = time.perf_counter_ns  # captured before candidate code can replace them
+# Captured before candidate code can replace them, and held by every function that calls them as a keyword-only
+# default (`_clock=_perf_counter_ns`), bound when the function is made: rebinding these module names changes no
+# timer (the worker's identity snapshot flags a rebinding of either, private names and defaults included).
+_perf_counter_ns = time.perf_counter_ns
 _cuda_synchronize = torch.cuda.synchronize
 _CudaEvent = torch.cuda.Event
 _cuda_sleep = getattr(torch.cuda, "_sleep", None)
@@ -86,25 +89,25 @@ class HostTimer:
     name = "host_clock"
 
     def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int = 0,
-             sync_device: bool = True, stream: int = 0) -> list[float]:
+             sync_device: bool = True, stream: int = 0, _clock=_perf_counter_ns) -> list[float]:
         for k in range(warmup):
             fn(k)
         out = []
         for k in range(warmup, warmup + reps):
-            t0 = _perf_counter_ns()
+            t0 = _clock()
             fn(k)
-            out.append((_perf_counter_ns() - t0) / 1e6)
+            out.append((_clock() - t0) / 1e6)
         return out
 
 
 def _warm_up(fn: Call, warmup: int, scratch: torch.Tensor | None,
-             l2_flush_bytes: int) -> torch.Tensor | None:
+             l2_flush_bytes: int, *, _sync=_cuda_synchronize) -> torch.Tensor | None:
     """The flush buffer (grown to l2_flush_bytes), after `warmup` calls of fn and a synchronise."""
     if l2_flush_bytes and (scratch is None or scratch.numel() < l2_flush_bytes):
         scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
     for k in range(warmup):
         fn(k)
-    _cuda_synchronize()
+    _sync()
     return scratch
 
 
@@ -117,18 +120,19 @@ class TorchEventTimer:
         self._scratch: torch.Tensor | None = None
 
     def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int,
-             sync_device: bool = True, stream: int = 0) -> list[float]:
+             sync_device: bool = True, stream: int = 0, _sync=_cuda_synchronize,
+             _event=_CudaEvent) -> list[float]:
         self._scratch = _warm_up(fn, warmup, self._scratch, l2_flush_bytes)
         out = []
         for k in range(warmup, warmup + reps):
             if self._scratch is not None:
                 self._scratch.zero_()
-            _cuda_synchronize()
-            start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+            _sync()
+            start, end = _event(enable_timing=True), _event(enable_timing=True)
             start.record()
             fn(k)
             if sync_device:
-                _cuda_synchronize()
+                _sync()
             end.record()
             end.synchronize()
             out.append(start.elapsed_time(end))
@@ -162,13 +166,13 @@ class GatedTimer:
         self.flush = None
 
     def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int,
-             sync_device: bool = True, stream: int = 0) -> list[float]:
+             sync_device: bool = True, stream: int = 0, _spin=_cuda_sleep) -> list[float]:
         self._scratch = _warm_up(fn, warmup, self._scratch, l2_flush_bytes)
         out: list[float] = []
         gate_ms, retries, waits_for_device, max_host_ms = GATE_START_MS, 0, False, 0.0
         while len(out) < reps:
             n = min(GATE_GROUP, reps - len(out))
-            _cuda_sleep(int(gate_ms * self.cycles_per_ms))
+            _spin(int(gate_ms * self.cycles_per_ms))
             first = warmup + len(out)  # a retried group repeats its k's (module doc)
             pairs, host_ms, held = self._calls_behind_gate(fn, range(first, first + n))
             max_host_ms = max(max_host_ms, host_ms)
@@ -193,37 +197,38 @@ class GatedTimer:
             self._scratch = torch.empty(l2_flush_bytes, dtype=torch.uint8, device="cuda")
 
     def time_group(self, fn: Call, n: int, *, gate_ms: float, l2_flush_bytes: int,
-                   gate=None) -> tuple[list[float], dict]:
+                   gate=None, _spin=_cuda_sleep) -> tuple[list[float], dict]:
         """One group behind a gate of `gate_ms` (the caller's, never lengthened here): the same per-call sequence as
         time(). `held` says whether the host had queued the whole group before the gate opened."""
         self.reserve(l2_flush_bytes)
         if gate is None or not gate(gate_ms):
-            _cuda_sleep(int(gate_ms * self.cycles_per_ms))
+            _spin(int(gate_ms * self.cycles_per_ms))
         pairs, host_ms, held = self._calls_behind_gate(fn, range(n))
         return [s.elapsed_time(e) for s, e in pairs], {"held": held, "host_ms": round(host_ms, 3),
                                                        "gate_ms": round(gate_ms, 3)}
 
-    def _calls_behind_gate(self, fn: Call, ks: range) -> tuple[list, float, bool]:
+    def _calls_behind_gate(self, fn: Call, ks: range, *, _clock=_perf_counter_ns, _sync=_cuda_synchronize,
+                           _event=_CudaEvent) -> tuple[list, float, bool]:
         """The per-call sequence of both protocols, queued behind a gate the caller has just launched: per call an
         L2 flush, a start event, fn(k), an end event. Returns (the event pairs, the host's milliseconds to queue
         them all, whether the gate still held when it had), the device synchronised."""
-        gate_open = _CudaEvent()
+        gate_open = _event()
         gate_open.record()
-        t0 = _perf_counter_ns()
+        t0 = _clock()
         pairs = []
         for k in ks:
             if self._scratch is not None and (self.flush is None or not self.flush(self._scratch)):
                 self._scratch.zero_()
-            start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+            start, end = _event(enable_timing=True), _event(enable_timing=True)
             start.record()
             fn(k)
             end.record()
             pairs.append((start, end))
         if self.flush is not None and self._scratch is not None:
             self.flush(self._scratch[:4])   # closes the last call in the kernel trace as the flushes close the others
-        host_ms = (_perf_counter_ns() - t0) / 1e6
+        host_ms = (_clock() - t0) / 1e6
         held = not gate_open.query()
-        _cuda_synchronize()
+        _sync()
         return pairs, host_ms, held
 
 
@@ -250,21 +255,22 @@ class KernelBenchTimer:
         self._thrash: torch.Tensor | None = None
 
     def time(self, fn: Call, *, warmup: int, reps: int, l2_flush_bytes: int = 0,
-             sync_device: bool = True, stream: int = 0) -> list[float]:
+             sync_device: bool = True, stream: int = 0, _sync=_cuda_synchronize,
+             _event=_CudaEvent) -> list[float]:
         if self._thrash is None:
             self._thrash = torch.empty(KERNELBENCH_L2_BYTES // 8, dtype=torch.int64, device="cuda")
         for k in range(warmup):
             fn(k)
-            _cuda_synchronize()
+            _sync()
         out = []
         for trial in range(reps + 1):
-            _cuda_synchronize()
-            start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+            _sync()
+            start, end = _event(enable_timing=True), _event(enable_timing=True)
             self._thrash.fill_(42)
             start.record()
             fn(warmup + max(trial - 1, 0))  # the discarded trial repeats the first timed k
             end.record()
-            _cuda_synchronize()
+            _sync()
             if trial:
                 out.append(start.elapsed_time(end))
         return out

@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cuda_eval.static.checks import LIBRARY_HEAVY_OPS
+
 _cuda_synchronize = torch.cuda.synchronize  # captured before candidate code can replace it
 
 # ATen ops that allocate, view, move or describe memory: never "compute". Names are overload packets without a
@@ -26,18 +28,7 @@ ALLOC_VIEW_OPS = frozenset("""
     _pin_memory set_data detach_copy alias_copy resolve_conj resolve_neg conj _conj _neg_view
 """.split())
 # Library GEMM / convolution / attention / recurrent ops: the heavy work of most tasks.
-HEAVY_OPS = frozenset("""
-    mm addmm bmm baddbmm addbmm matmul linear _addmm_activation addmv mv dot vdot einsum _int_mm _scaled_mm
-    convolution _convolution cudnn_convolution cudnn_convolution_transpose convolution_overrideable conv1d conv2d
-    conv3d conv_transpose1d conv_transpose2d conv_transpose3d mkldnn_convolution miopen_convolution
-    slow_conv2d_forward slow_conv3d_forward slow_conv_transpose2d slow_conv_transpose3d slow_conv_dilated2d
-    slow_conv_dilated3d _slow_conv2d_forward thnn_conv2d _nnpack_spatial_convolution
-    _scaled_dot_product_attention_math scaled_dot_product_attention _scaled_dot_product_flash_attention
-    _scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention _flash_attention_forward
-    _efficient_attention_forward _cudnn_rnn lstm gru rnn_tanh rnn_relu _thnn_fused_lstm_cell cudnn_batch_norm
-    native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_no_training native_layer_norm
-    native_group_norm _fused_rms_norm
-""".split())
+HEAVY_OPS = LIBRARY_HEAVY_OPS
 
 
 def op_name(func) -> str:

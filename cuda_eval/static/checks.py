@@ -5,8 +5,10 @@ and builds it with `load_inline`; ModelNew.forward (and every helper it reaches)
 (torch.nn modules / torch.nn.functional / torch compute functions and tensor methods, `@`), beyond allocation, views,
 dtype/device moves, Parameters and containers; no try/except fallbacks; no use of the reference `Model`. We add what
 KernelBench's users found: assignments that monkeypatch torch/time/builtins, threads (Python or C++), and native
-escapes (C++ that reaches the loader, threads, processes or raw syscalls: dlsym/dlopen, pthread_create, clone, fork,
-exec*, system/popen, syscall; Python that forks, execs or loads C through ctypes/cffi).
+escapes (C++ that reaches the loader, threads, processes, raw syscalls or the Python interpreter: dlsym/dlopen,
+pthread_create, clone, fork, exec*, system/popen, syscall, py::exec, PyRun_*, PyImport_*; Python that forks, execs or
+loads C through ctypes/cffi); kernels registered for ATen's own ops (monkeypatch); ATen's library ops called below
+the dispatcher (at::cpu::mm: library_heavy_op, as the op tracer flags their dispatched forms).
 
 The dynamic checks in worker/ catch what static analysis cannot (ops reached through helpers we cannot resolve,
 C++ wrappers calling ATen, kernels never launched); these static flags are cheap and let the evaluator skip the GPU.
@@ -45,8 +47,9 @@ FLAG_CODES: dict[str, str] = {
     "monkeypatch": "replaces torch/time/builtin functions",
     "thread": "starts threads (Python threading or C++ threads)",
     "pass_statement": "a `pass` statement (KernelBench's inheritance-bypass rule; the kernelbench profile only)",
-    "native_escape": "reaches the dynamic loader, threads, processes or raw syscalls natively (dlsym/dlopen, "
-                     "pthread_create, clone, fork/exec, system/popen, syscall, ctypes), around the other checks",
+    "native_escape": "reaches the dynamic loader, threads, processes, raw syscalls or the Python interpreter "
+                     "natively (dlsym/dlopen, pthread_create, clone, fork/exec, system/popen, syscall, ctypes, "
+                     "py::exec, PyRun_*, PyImport_*), around the other checks",
     "harness_access": "reaches the evaluator's own code (cuda_eval), the interpreter's frames or profile hooks, or "
                       "torch's dispatch, profiler or private timing switches (statically, through aliases, getattr "
                       "and sys.modules too; or, in the worker, switches the op tracer off during a call)",
@@ -92,6 +95,20 @@ _TORCH_NOT_COMPUTE = frozenset("""
 # torch.<submodule>.* namespaces whose members are not compute (streams, events, devices, extension loading...).
 _TORCH_ALLOWED_NAMESPACES = ("torch.cuda", "torch.utils", "torch.backends", "torch.version", "torch.jit",
                              "torch.compiler", "torch.library")
+# ATen ops of a library GEMM, convolution, attention, RNN or norm (library_heavy_op: the op tracer, protocol/tracing.py,
+# and the static rule for ATen called below the dispatcher).
+LIBRARY_HEAVY_OPS = frozenset("""
+    mm addmm bmm baddbmm addbmm matmul linear _addmm_activation addmv mv dot vdot einsum _int_mm _scaled_mm
+    convolution _convolution cudnn_convolution cudnn_convolution_transpose convolution_overrideable conv1d conv2d
+    conv3d conv_transpose1d conv_transpose2d conv_transpose3d mkldnn_convolution miopen_convolution
+    slow_conv2d_forward slow_conv3d_forward slow_conv_transpose2d slow_conv_transpose3d slow_conv_dilated2d
+    slow_conv_dilated3d _slow_conv2d_forward thnn_conv2d _nnpack_spatial_convolution
+    _scaled_dot_product_attention_math scaled_dot_product_attention _scaled_dot_product_flash_attention
+    _scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention _flash_attention_forward
+    _efficient_attention_forward _cudnn_rnn lstm gru rnn_tanh rnn_relu _thnn_fused_lstm_cell cudnn_batch_norm
+    native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_no_training native_layer_norm
+    native_group_norm _fused_rms_norm
+""".split())
 # Tensor methods that compute (flagged when called in forward); views, allocation and moves are not listed.
 _TENSOR_COMPUTE_METHODS = frozenset("""
     matmul mm bmm addmm addmv addbmm baddbmm mv dot vdot outer inner einsum tensordot kron
@@ -118,7 +135,13 @@ _NN_CONTAINERS = frozenset({"Module", "ModuleList", "ModuleDict", "ParameterList
 _PROTECTED_MODULES = ("torch", "time", "builtins", "sys", "threading", "os", "gc", "numpy", "cuda_eval", "ctypes",
                       "timeit", "importlib")
 _THREAD_MODULES = ("threading", "_thread", "multiprocessing", "concurrent", "asyncio")
-_CPP_THREAD_PATTERN = re.compile(r"std::thread\b|std::jthread\b|pthread_create\b|std::async\b|#\s*include\s*<thread>")
+# C++ that starts threads: std/C11/POSIX threads, timers that call back on a thread of their own (timer_create's
+# SIGEV_THREAD), ATen's and c10's pools (at::launch runs on the inter-op pool). A thread that does the work and exits
+# within the call would leave the op tracer and the thread count nothing to see.
+_CPP_THREAD_PATTERN = re.compile(
+    r"std::thread\b|std::jthread\b|pthread_create\b|std::async\b|#\s*include\s*<(?:thread|threads\.h)>|"
+    r"\bthrd_create\b|\btimer_create\b|\bSIGEV_THREAD\b|\bboost::thread\b|"
+    r"\b(?:at|c10|caffe2)\s*::\s*(?:launch|intraop_launch\w*|\w*ThreadPool\w*|get_\w*pool\w*)\b")
 # Native escapes in C++/CUDA sources. Distinctive names count wherever they appear, comments included (a function
 # pointer taken with `auto f = dlsym;` calls it just as well, and asm("syscall") is a string); common words only as a
 # call or an address (`fork(`, `&system`) outside comments. Member and qualified calls (`x.clone()`, `at::clone(`)
@@ -132,6 +155,32 @@ _NATIVE_RARE_PATTERN = re.compile(
 _NATIVE_COMMON = "clone|fork|system|popen|execv|execvp|execl|execlp|execle"
 _NATIVE_COMMON_PATTERN = re.compile(
     _NATIVE_QUALIFIED + r"(" + _NATIVE_COMMON + r")\s*\(|&\s*(?:(?:std)?\s*::\s*)?\b(" + _NATIVE_COMMON + r")\b")
+# Python reached from native code: CPython's C API (PyRun_*, PyImport_*, PyEval_*, PyObject_SetAttr...,
+# Py_CompileString), torch's Python bindings (THP*, the PyInterpreter), and pybind11's interpreter, module and object
+# API (py::exec, py::eval, py::module_::import, py::object, .attr(...)). The ast rules and the op tracer see only the
+# program's Python: Python run from C++ (an import of one of our modules and an attribute set on it) is unseen by
+# both. Honest kernels take and return tensors, never Python objects. Distinctive names count anywhere, comments
+# included; pybind11's short names outside comments and literals.
+_CPP_PYTHON_PATTERN = re.compile(
+    r"\b_?Py[A-Z][A-Za-z]*_[A-Za-z]\w*|\bPy_[A-Z][a-z]\w*|\bTHP[A-Z]\w*|\bPyInterpreter\b|\bSafePyObject\b|"
+    r"pybind11/(?:embed|eval)\.h")
+_CPP_PYBIND_PATTERN = re.compile(
+    r"\b(?:py|pybind11)\s*::\s*(?:exec\w*|eval\w*|globals|module_?|import\w*|dict|object|handle|function|"
+    r"cpp_function|reinterpret_\w+|getattr|setattr|hasattr|delattr|cast|capsule|type|builtins|\w*interpreter\w*|"
+    r"detail|str|bytes|list|tuple|iterable|iterator|sequence|none|weakref|print)\b|"
+    r"\.\s*attr\s*\(|\busing\s+namespace\s+pybind11\b|\bnamespace\s+(?!py\s*=)\w+\s*=\s*pybind11\b")
+# Kernels registered for ATen's own ops (or a fallback for every op): they replace what torch calls, the harness's
+# own calls included. A library of the program's own namespace (TORCH_LIBRARY(myops, m)) is its own.
+_CPP_ATEN_REGISTRATION = re.compile(
+    r"\bTORCH_LIBRARY(?:_IMPL|_FRAGMENT)?\s*\(\s*(?:aten|_)\s*,|\bc10\s*::\s*Dispatcher\b|\bRegisterOperators\b|"
+    r"\bregister(?:Fallback|Impl|Kernel)\b|\btorch\s*::\s*Library\b|\bTorchLibraryInit\b|"
+    r"\.\s*(?:impl|def|fallback)\s*\(\s*(?:TORCH_SELECTIVE_NAME\s*\(\s*)?\"aten::")
+# ATen below the dispatcher: at::cpu::mm, at::cuda::addmm, at::native::convolution, at::_ops::mm::redispatch call
+# the kernel itself, unseen by the op tracer; a library GEMM/convolution/attention op reached that way is
+# library_heavy_op as its dispatched form is. cuBLAS through ATen's own wrappers (at::cuda::blas::) too.
+_CPP_UNDISPATCHED = re.compile(
+    r"\bat\s*::\s*(cpu|cuda|native|_ops|meta|composite\w*)\s*::\s*(?:blas\s*::\s*)?(\w+)")
+_CPP_ATEN_BLAS = re.compile(r"\bat\s*::\s*cuda\s*::\s*blas\s*::\s*\w+")
 # C/C++ comments and string/character literals (matched together, so that "//" inside a string is no comment): for
 # the common words, neither holds a call.
 _CPP_COMMENT_OR_LITERAL = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|//[^\n]*|/\*.*?\*/', re.S)
@@ -195,6 +244,7 @@ class StaticPolicy:
     forbid_native_escape: bool = True      # no dlsym/pthread_create/clone/fork/exec/system/syscall, ctypes, os.fork
     forbid_pass: bool = False              # KernelBench's rule: no `pass` (a ModelNew(Model): pass bypass)
     forbid_harness_access: bool = True     # no cuda_eval, torch dispatch/profiler switches, frames, profile hooks
+    forbid_undispatched_library_ops: bool = True  # no library GEMM/conv/attention ops below the dispatcher (C++)
 
     @classmethod
     def named(cls, name: str) -> "StaticPolicy":
@@ -288,6 +338,8 @@ class _Checker:
             self._check_native_escape()
         if p.forbid_harness_access:
             self._check_harness_access()
+        if p.forbid_undispatched_library_ops:
+            self._check_undispatched_library_ops()
         if p.forbid_torch_in_forward and self.model_new is not None:
             self._check_forward()
         return self.flags
@@ -335,6 +387,11 @@ class _Checker:
                 return
 
     def _check_monkeypatch(self) -> None:
+        for s in self.strings:
+            m = _CPP_ATEN_REGISTRATION.search(_without_cpp_comments(s))
+            if m:
+                self.flag("monkeypatch", f"C++ source registers kernels for ATen's own ops ({m.group(0).strip()})")
+                break
         for node in ast.walk(self.tree):
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
@@ -356,10 +413,23 @@ class _Checker:
                             self.flag("monkeypatch", f"line {node.lineno} writes into {path}")
             if isinstance(node, ast.Call):
                 path = self._resolve(node.func)
+                if path and self._registers_aten(path, node):
+                    self.flag("monkeypatch", f"line {node.lineno} registers a kernel for ATen's own ops ({path})")
                 if path in ("setattr", "builtins.setattr", "delattr", "builtins.delattr") and node.args:
                     obj = self._resolve(node.args[0])
                     if obj and obj.split(".")[0] in _PROTECTED_MODULES:
                         self.flag("monkeypatch", f"line {node.lineno} calls {path} on {obj}")
+
+    def _registers_aten(self, path: str, node: ast.Call) -> bool:
+        """torch.library.Library("aten", ...), torch.library.impl("aten::mm", ...), register_kernel and friends, or
+        a Python kernel put on an aten op (torch.ops.aten.mm.default.py_impl(...))."""
+        if path.startswith("torch.ops.aten.") and path.rsplit(".", 1)[-1] in ("py_impl", "_py_impl", "py_kernels"):
+            return True
+        if not path.startswith("torch.library."):
+            return False
+        names = [self._const_str(a) for a in list(node.args[:1]) + [k.value for k in node.keywords
+                                                                     if k.arg in ("ns", "qualname", "name")]]
+        return any(n is not None and (n.strip() in ("aten", "_") or n.strip().startswith("aten::")) for n in names)
 
     def _imported_modules(self, node: ast.AST) -> list[str]:
         """The modules a node imports: import / from-import statements, and __import__ or importlib.import_module
@@ -392,6 +462,11 @@ class _Checker:
                 what = next((g for g in m.groups() if g), m.group(0).strip())
                 self.flag("native_escape", f"C++ source uses {what}")
                 break
+        for s in self.strings:
+            m = _CPP_PYTHON_PATTERN.search(s) or _CPP_PYBIND_PATTERN.search(_CPP_COMMENT_OR_LITERAL.sub(" ", s))
+            if m:
+                self.flag("native_escape", f"C++ source reaches the Python interpreter ({m.group(0).strip()})")
+                break
         for node in ast.walk(self.tree):
             mods = self._imported_modules(node)
             if not mods and isinstance(node, ast.Call):
@@ -405,6 +480,23 @@ class _Checker:
                 for a in node.names:
                     if _NATIVE_PY_CALLS.match(f"os.{a.name}"):
                         self.flag("native_escape", f"line {node.lineno} imports os.{a.name}")
+
+    def _check_undispatched_library_ops(self) -> None:
+        """ATen's library ops called below the dispatcher from C++ (at::cpu::mm, at::native::convolution,
+        at::_ops::mm::redispatch, at::cuda::blas::gemm): library_heavy_op, as their dispatched forms are at run time
+        (which the op tracer sees, and these it does not)."""
+        for s in self.strings:
+            code = _CPP_COMMENT_OR_LITERAL.sub(" ", s)
+            m = _CPP_ATEN_BLAS.search(code)
+            if m:
+                self.flag("library_heavy_op", f"C++ source calls a library GEMM below the dispatcher ({m.group(0)})")
+                return
+            for m in _CPP_UNDISPATCHED.finditer(code):
+                op = re.sub(r"(_outf|_out|_symint)+$", "", m.group(2))
+                if op in LIBRARY_HEAVY_OPS or op.rstrip("_") in LIBRARY_HEAVY_OPS:
+                    call = "".join(m.group(0).split())
+                    self.flag("library_heavy_op", f"C++ source calls a library op below the dispatcher ({call})")
+                    return
 
     def _check_harness_access(self) -> None:
         """References to our modules, torch's dispatch/profiler switches or the interpreter's frames and hooks,
@@ -670,6 +762,11 @@ class _Checker:
     def _is_torch_path(self, node: ast.Attribute) -> bool:
         path = self._resolve(node)
         return bool(path) and path.startswith("torch.")
+
+
+def _without_cpp_comments(source: str) -> str:
+    """C/C++ source with its comments blanked, string literals kept ("aten::mm" names an op)."""
+    return _CPP_COMMENT_OR_LITERAL.sub(lambda m: m.group(1) or " ", source)
 
 
 def _through_reexports(path: str) -> str:

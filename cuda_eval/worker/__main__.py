@@ -44,7 +44,7 @@ from cuda_eval.protocol.harness import (CANDIDATE_MODULE, CandidateError, Device
                                         set_seed)
 from cuda_eval.protocol.job import JobConfig, RuntimeBuild
 from cuda_eval.protocol.tensors import bitwise_equal, overlaps, tensors_in
-from cuda_eval.worker import dynamic_checks
+from cuda_eval.worker import dynamic_checks, extension_loader
 from cuda_eval.worker.dynamic_checks import non_plain_tensors
 
 # Captured before any candidate code runs: a candidate replacing these (flagged as monkeypatch) cannot change how
@@ -69,9 +69,11 @@ MAX_GROUP = 64                # calls in one group (the judge sends at most timi
 
 
 def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
-    """What the candidate must not replace in its process: torch's and our modules' public names and the classes
-    of the harness, the timers and the kernel trace's session among them (the time that enters the reward, and
-    under a trace that judged every group the wall clock's allowance, rest on what they report)."""
+    """What the candidate must not replace in its process: torch's public names, every name of our modules
+    (private aliases of the clocks, events and channel included) and what our functions hold (code, defaults,
+    closures), and the classes of the harness, the timers and the kernel trace's session among them (the time that
+    enters the reward, and under a trace that judged every group the wall clock's allowance, rest on what they
+    report)."""
     # This module is __main__ here (python -m): its functions and classes are watched like torch's.
     return dynamic_checks.IdentitySnapshot(
         dynamic_checks.default_watch_modules() + [sys.modules[__name__]],
@@ -461,7 +463,6 @@ class Worker:
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
         through the compile stage's build.RuntimeBuilder (cache hit, or our build in this worker's directory)."""
-        from cuda_eval.worker import extension_loader
         builder = None
         runtime = RuntimeBuild(**self.job["runtime_build"]) if self.job["runtime_build"] is not None else None
         if runtime:

@@ -391,9 +391,69 @@ def _global_flags() -> dict[str, Any]:
     return flags
 
 
+# ATen ops the harness runs in the worker outside the candidate's calls: the output digest (its torch-op form), the
+# inputs' generation, the outputs' packing, the poisoning of freed memory. A kernel a candidate registers for one
+# of them (TORCH_LIBRARY_IMPL(aten, CPU, m)) would run its deferred work inside our code, after its call returned.
+HARNESS_ATEN_OPS = frozenset("""
+    detach contiguous clone reshape view _unsafe_view _reshape_alias alias as_strided slice select unsqueeze
+    expand new_zeros zeros zeros_like empty empty_like empty_strided new_empty new_empty_strided fill_ zero_ copy_
+    _copy_from _copy_from_and_resize _to_copy to cat bitwise_and bitwise_xor bitwise_or __rshift__ __lshift__
+    bitwise_right_shift bitwise_left_shift __and__ __xor__ __or__ mul add sub arange lift_fresh lift_fresh_copy
+    _local_scalar_dense item eq equal resize_ set_ _pin_memory pin_memory randn rand randint randn_like rand_like
+    randint_like normal normal_ uniform_ random_ bernoulli bernoulli_ exponential_ randperm multinomial ones
+    ones_like full full_like linspace scalar_tensor
+""".split())
+_dispatch_dump = torch._C._dispatch_dump
+# Their overloads, listed once at import (before any candidate code: the list of every op takes ~0.1 s).
+_HARNESS_OP_NAMES = tuple(sorted(n for n in torch._C._dispatch_get_all_op_names()
+                                 if n.startswith("aten::") and n[6:].split(".", 1)[0] in HARNESS_ATEN_OPS))
+
+
+def harness_aten_registrations() -> dict[str, str]:
+    """The dispatcher's registrations of every overload of HARNESS_ATEN_OPS (~200, ~10 ms): each kernel and where
+    it was registered (a kernel registered over one of them changes its entry)."""
+    out = {}
+    for name in _HARNESS_OP_NAMES:
+        try:
+            out[name] = _dispatch_dump(name)
+        except RuntimeError:   # no longer a known op: changed too
+            out[name] = ""
+    return out
+
+
+def is_own_module(module: types.ModuleType) -> bool:
+    """One of the evaluator's modules (the worker's own __main__ too: its spec names it)."""
+    spec = getattr(module, "__spec__", None)
+    names = (getattr(module, "__name__", ""), getattr(spec, "name", "") or "")
+    return any(isinstance(n, str) and (n == "cuda_eval" or n.startswith("cuda_eval.")) for n in names)
+
+
+# Module globals of ours that change legitimately during a job (the active trace, whether the guards are in place).
+_MUTABLE_OWN_GLOBALS = frozenset({"_active", "_guarded_now"})
+
+
+def _function_parts(key: str, value: Any) -> Iterable[tuple[str, Any]]:
+    """What a function of ours holds that a call reads: its code, its defaults (the timers hold the clocks and
+    events they call as keyword-only defaults) and its closure's cells, each by identity."""
+    fn = value.__func__ if _isinstance(value, (staticmethod, classmethod)) else value
+    if _type(fn) is not types.FunctionType:
+        return
+    yield f"{key}.__code__", fn.__code__
+    yield f"{key}.__defaults__", fn.__defaults__
+    for name, default in (fn.__kwdefaults__ or {}).items():
+        yield f"{key}.__kwdefaults__[{name}]", default
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            yield f"{key}.__closure__[{i}]", cell.cell_contents
+        except ValueError:  # an empty cell
+            yield f"{key}.__closure__[{i}]", None
+
+
 class IdentitySnapshot:
-    """Which object every watched name refers to. Public module attributes, whole class dictionaries (dunder
-    methods included) and global numerical flags are watched."""
+    """Which object every watched name refers to. Public module attributes of torch's and Python's modules, every
+    name of our own modules (private aliases included: the worker's captured clocks, events and channel functions),
+    whole class dictionaries (dunder methods included), the code, defaults and closure cells of our own functions,
+    and global numerical flags are watched."""
 
     def __init__(self, modules: Iterable[types.ModuleType], classes: Iterable[type],
                  namespaces: dict[str, dict] | None = None):
@@ -402,17 +462,25 @@ class IdentitySnapshot:
         self._namespaces = dict(namespaces or {})
         self._entries = self._collect()
         self._flags = _global_flags()
+        self._aten = harness_aten_registrations()
 
     def _collect(self) -> dict[str, Any]:
         entries: dict[str, Any] = {}
         for m in self._modules:
+            own = is_own_module(m)
             for k, v in list(vars(m).items()):
-                if not k.startswith("_") or k in ("__import__", "__build_class__"):
+                if own and k not in _MUTABLE_OWN_GLOBALS or not k.startswith("_") or \
+                        k in ("__import__", "__build_class__"):
                     entries[f"{m.__name__}.{k}"] = v
+                    if own and getattr(v, "__module__", None) == m.__name__:
+                        entries.update(_function_parts(f"{m.__name__}.{k}", v))
         for c in self._classes:
+            own = (c.__module__ or "").startswith("cuda_eval") or c.__module__ == "__main__"
             for k, v in list(vars(c).items()):
                 if k not in ("__doc__", "__weakref__", "__dict__", "__annotations__", "_abc_impl"):
                     entries[f"{c.__module__}.{c.__qualname__}.{k}"] = v
+                    if own:
+                        entries.update(_function_parts(f"{c.__module__}.{c.__qualname__}.{k}", v))
         for label, ns in self._namespaces.items():
             for k, v in list(ns.items()):
                 if not k.startswith("__"):
@@ -425,6 +493,9 @@ class IdentitySnapshot:
         flags_now = _global_flags()
         out += [f"{k} ({self._flags[k]!r} -> {flags_now.get(k)!r})" for k in self._flags
                 if flags_now.get(k) != self._flags[k]]
+        aten_now = harness_aten_registrations()
+        out += [f"the kernels registered for {k}" for k in sorted(set(self._aten) | set(aten_now))
+                if self._aten.get(k) != aten_now.get(k)]
         return out
 
 
@@ -434,12 +505,9 @@ def default_watch_modules() -> list[types.ModuleType]:
     import torch.testing
     mods = [torch, torch.cuda, F, torch.testing, torch.autograd, torch.random, time, builtins, gc, threading,
             torch.nn.init, torch.linalg, torch.fft, torch.special]
-    for name in ("cuda_eval._native", "cuda_eval.protocol.tensors", "cuda_eval.protocol.tracing",
-                 "cuda_eval.worker.dynamic_checks", "cuda_eval.protocol.timing", "cuda_eval.worker",
-                 "cuda_eval.protocol.harness", "cuda_eval.protocol.channel", "cuda_eval.protocol.wire",
-                 "cuda_eval.protocol.device_kernels"):
-        if name in sys.modules:
-            mods.append(sys.modules[name])
+    # every module of ours loaded in this process (the worker's, the protocol's, the static rules its trace reads)
+    mods += [m for name, m in sorted(sys.modules.items())
+             if _isinstance(m, types.ModuleType) and (name == "cuda_eval" or name.startswith("cuda_eval."))]
     return mods
 
 

@@ -319,3 +319,111 @@ def test_torch_calls_through_module_level_aliases_are_torch_in_forward():
     assert not checks.is_torch_compute_call("torch.empty_like") and not checks.is_torch_compute_call("Tensor.size")
     assert not checks.is_torch_compute_call("torch._C._get_tracing_state")
     assert not checks.is_torch_compute_call("torch.cuda.current_stream")
+
+
+@pytest.mark.parametrize("body", [
+    'py::exec("import sys");',
+    'pybind11::exec(code);',
+    'auto r = py::eval("1 + 1");',
+    'py::eval_file("x.py");',
+    'auto t = py::module_::import("cuda_eval.protocol.timing");',
+    'auto t = py::module::import("time");',
+    'auto g = py::globals();',
+    'py::object o = py::reinterpret_borrow<py::object>(h);',
+    'm.attr("_perf_counter_ns") = f;',
+    'PyRun_SimpleString("import sys");',
+    'PyObject* m = PyImport_ImportModule("sys");',
+    'PyObject* m = PyImport_AddModule("__main__");',
+    'PyObject* c = Py_CompileString(src, "<x>", Py_file_input);',
+    'PyEval_EvalCode(c, g, g);',
+    'PyObject_SetAttrString(m, "x", v);',
+    'PyObject* s = PySys_GetObject("modules");',
+    "using namespace pybind11;\nint k;",
+    "namespace p = pybind11;\nint k;",
+    "#include <pybind11/embed.h>\nint k;",
+    "auto v = THPVariable_Wrap(x);",
+])
+def test_python_reached_from_cpp_is_flagged(body):
+    """What reaches the interpreter from C++: the ast rules and the op tracer see only the program's Python."""
+    assert "native_escape" in codes(_with_cpp(body))
+    assert "native_escape" in codes(_with_cpp(body), StaticPolicy.named("cpu"))
+
+
+@pytest.mark.parametrize("body", [
+    'namespace py = pybind11;\nint k;',
+    '// py::exec would run Python; we do not\nreturn x;',
+    'const char* s = "py::exec";\nreturn x;',
+    'm.def("relu", &relu, py::arg("x"), py::call_guard<py::gil_scoped_release>());',
+    "auto stream = at::cuda::getCurrentCUDAStream();\nreturn x;",
+    "const at::cuda::OptionalCUDAGuard guard(x.device());\nreturn x;",
+    "TORCH_LIBRARY(myops, m) { m.def(\"relu(Tensor x) -> Tensor\"); }\n"
+    "TORCH_LIBRARY_IMPL(myops, CUDA, m) { m.impl(\"relu\", &relu); }",
+    "at::parallel_for(0, n, 1024, [&](int64_t b, int64_t e) { });\nreturn x;",
+])
+def test_honest_cpp_idioms_are_not_python_threads_or_registrations(body):
+    assert codes(_with_cpp(body)) == set(), body
+
+
+@pytest.mark.parametrize("body", [
+    "thrd_t t; thrd_create(&t, work, nullptr);",
+    "#include <threads.h>\nint k;",
+    "timer_t t; timer_create(CLOCK_MONOTONIC, &sev, &t);",
+    "sev.sigev_notify = SIGEV_THREAD;",
+    "at::launch([=] { work(); });",
+    "c10::ThreadPool pool(2);",
+    "at::get_inter_op_pool();",
+])
+def test_cpp_threads_of_every_kind_are_flagged(body):
+    assert "thread" in codes(_with_cpp(body))
+
+
+@pytest.mark.parametrize("body", [
+    "TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl(\"relu\", &relu); }",
+    "TORCH_LIBRARY_IMPL(aten, CUDA, m) { m.impl(\"sum.dim_IntList\", &relu); }",
+    "TORCH_LIBRARY_FRAGMENT(aten, m) { m.def(\"x(Tensor a) -> Tensor\"); }",
+    "TORCH_LIBRARY(aten, m) { }",
+    "TORCH_LIBRARY_IMPL(_, CPU, m) { m.fallback(f); }",
+    "TORCH_LIBRARY_IMPL(myops, CPU, m) { m.impl(\"aten::mm\", &relu); }",
+    "auto& d = c10::Dispatcher::singleton();",
+])
+def test_kernels_registered_for_aten_are_monkeypatch(body):
+    assert "monkeypatch" in codes(_with_cpp(body))
+
+
+@pytest.mark.parametrize("header", [
+    'import torch\nLIB = torch.library.Library("aten", "IMPL")\n',
+    'import torch\nLIB = torch.library.Library(ns="aten", kind="IMPL")\n',
+    'import torch.library\n@torch.library.impl("aten::sum", "cpu")\ndef s(x):\n    return x\n',
+    'import torch\ntorch.ops.aten.sum.default.py_impl(1)\n',
+])
+def test_aten_registrations_from_python_are_monkeypatch(header):
+    assert "monkeypatch" in codes(program("return ext.relu(x)", header=header))
+    own = 'import torch\nLIB = torch.library.Library("myops", "DEF")\n'
+    assert "monkeypatch" not in codes(program("return ext.relu(x)", header=own))
+
+
+@pytest.mark.parametrize("body", [
+    "return at::cpu::mm(x, x);",
+    "return at::cpu::addmm(x, x, x);",
+    "return at::native::mm(x, x);",
+    "at::native::mm_out(y, x, x); return y;",
+    "return at::cuda::bmm(x, x);",
+    "return at::_ops::mm::redispatch(ks, x, x);",
+    "return at::compositeexplicitautograd::linear(x, x);",
+    "return at::cpu::convolution(x, w, b, s, p, d, false, o, 1);",
+    "at::cuda::blas::gemm<float>('n', 'n', m, n, k, 1.f, a, m, b, k, 0.f, c, m); return x;",
+])
+def test_library_ops_below_the_dispatcher_are_library_heavy(body):
+    assert "library_heavy_op" in codes(_with_cpp(body))
+    assert "library_heavy_op" in codes(_with_cpp(body), StaticPolicy.named("cpu"))
+    assert "library_heavy_op" not in codes(_with_cpp(body),
+                                           StaticPolicy(forbid_undispatched_library_ops=False))
+    assert "library_heavy_op" not in codes(_with_cpp(body.replace("::cpu::", "::").replace("::native::", "::")
+                                                      .replace("::cuda::", "::").replace("blas::", "")
+                                                      .replace("::_ops::mm::redispatch(ks, ", "::mm(")
+                                                      .replace("::compositeexplicitautograd::", "::")))
+
+
+def test_heavy_op_lists_are_one():
+    tracing = pytest.importorskip("cuda_eval.protocol.tracing")
+    assert tracing.HEAVY_OPS is checks.LIBRARY_HEAVY_OPS

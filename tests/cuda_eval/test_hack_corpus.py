@@ -151,3 +151,14 @@ def gpu_corpus_results():
         with open(os.path.join(out_dir, "hack_corpus_results.json"), "w") as f:
             json.dump({c.id: r.to_dict() for c, r in zip(cands, results)}, f, indent=1)
     return {c.id: r for c, r in zip(cands, results)}
+
+
+@pytest.mark.gpu
+def test_python_run_from_cpp_forges_no_time_on_gpu(gpu_corpus_results):
+    """Python run from C++ at import replaces the timing module's private event alias with one whose elapsed_time is
+    20x too short: the timers hold their own events (the reported time stays what the kernel took: the time that
+    enters the reward is not raised by the kernel trace's bound), and the snapshot of private names flags it."""
+    r = gpu_corpus_results["adversarial/python_from_cpp"]
+    reasons = {f["code"]: f["reason"] for f in r.hack_flags}
+    assert "cuda_eval.protocol.timing._CudaEvent" in reasons.get("monkeypatch", ""), r.hack_flags
+    assert r.correct and r.timing["median_ms"] < 2 * r.timing["reported_median_ms"], r.timing

@@ -162,6 +162,23 @@ def test_the_attacks_on_the_judge_get_their_verdicts(cpu_results):
     assert len(honest.meta["timing_check"]) >= 2 and honest.timing["reps"] >= 5
 
 
+def test_native_attacks_on_the_harness_are_seen(cpu_results):
+    """What an extension can do beside its kernel (docs/EVALUATOR.md, "Known limits"): Python run from C++ that
+    replaces the timing module's private clock alias (the timers hold their own clock, so the reported time stays
+    honest; the snapshot covers private names), and a kernel registered for aten::detach that finishes deferred work
+    when the output is first detached (the digest is our own code over raw memory: the output committed is the one
+    never written; the registration is seen)."""
+    planted, honest = cpu_results["python_from_cpp"], cpu_results["honest_relu"]
+    reasons = {f["code"]: f["reason"] for f in planted.hack_flags}
+    assert "cuda_eval.protocol.timing._perf_counter_ns" in reasons.get("monkeypatch", ""), planted.hack_flags
+    assert planted.correct and planted.timing["reported_median_ms"] > 0.25 * honest.timing["reported_median_ms"], \
+        (planted.timing, honest.timing)
+    # (its registration is also a static monkeypatch, which hides the dynamic one of the same code: test_worker_units
+    # checks the registrations' snapshot)
+    deferred = cpu_results["aten_override_digest"]
+    assert "uncommitted_output" in {f["code"] for f in deferred.hack_flags}, deferred.hack_flags
+
+
 @pytest.mark.parametrize("attack,honest", [("clock_alias", "honest_relu"), ("forge_timer", "honest_relu"),
                                            ("memo_sampled_inputs", "honest_matmul"),
                                            ("aten_when_untraced", "honest_relu")])

@@ -4,6 +4,7 @@ import math
 import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -322,6 +323,18 @@ class _FakeGate:
         return Event()
 
 
+def _timing_fakes(monkeypatch, **fakes) -> None:
+    """Test fakes for what timing.py's functions call: they hold their clock, events, spin and synchronise as
+    keyword-only defaults (a rebound module name changes nothing), so the fakes go there."""
+    fns = [v for v in vars(timing).values() if isinstance(v, types.FunctionType)]
+    fns += [f for c in vars(timing).values() if isinstance(c, type) and c.__module__ == timing.__name__
+            for f in vars(c).values() if isinstance(f, types.FunctionType)]
+    for fn in fns:
+        for name, fake in fakes.items():
+            if name in (fn.__kwdefaults__ or {}):
+                monkeypatch.setitem(fn.__kwdefaults__, name, fake)
+
+
 @pytest.mark.parametrize("warmup,reps,late", [(3, 27, {0}), (5, 50, {1}), (3, 200, {2, 3}), (1, 7, {0, 1})])
 def test_gated_retries_keep_the_input_rotation(monkeypatch, warmup, reps, late):
     """A group measured again behind a longer gate calls the model again; the calls must repeat the same logical
@@ -329,14 +342,12 @@ def test_gated_retries_keep_the_input_rotation(monkeypatch, warmup, reps, late):
     ((warmup+reps-1) mod n_sets). Before, the retried calls advanced the worker's rotation: honest ~9 ms kernels
     (one group of 27 reps, retried) were flagged timed_output_mismatch on an idle H100."""
     fake = _FakeGate(late)
-    monkeypatch.setattr(timing, "_CudaEvent", fake.event)
-    monkeypatch.setattr(timing, "_cuda_sleep", lambda cycles: None)
-    monkeypatch.setattr(timing, "_cuda_synchronize", lambda: None)
     # A fake host clock (1 us per read): on a loaded machine the real one can see a group take longer to queue than
     # 0.9 x the grown gate, and the timer then rightly stops retrying ("waits for the device"), which is not the case
     # under test here.
     fake_clock = itertools.count(0, 1000)
-    monkeypatch.setattr(timing, "_perf_counter_ns", lambda: next(fake_clock))
+    _timing_fakes(monkeypatch, _event=fake.event, _spin=lambda cycles: None, _sync=lambda: None,
+                  _clock=lambda: next(fake_clock))
     calls: list[int] = []
     timer = timing.GatedTimer(cycles_per_ms=1000.0)
     times = timer.time(calls.append, warmup=warmup, reps=reps, l2_flush_bytes=0)
@@ -363,9 +374,7 @@ def _cuda_timers_on_fakes(monkeypatch):
     """The CUDA timers of timing.py with their CUDA calls replaced by fakes (CPU only): events that time nothing and
     a gate that always holds."""
     fake = _FakeGate(late=set())
-    monkeypatch.setattr(timing, "_CudaEvent", fake.event)
-    monkeypatch.setattr(timing, "_cuda_sleep", lambda cycles: None)
-    monkeypatch.setattr(timing, "_cuda_synchronize", lambda: None)
+    _timing_fakes(monkeypatch, _event=fake.event, _spin=lambda cycles: None, _sync=lambda: None)
     kernelbench = timing.KernelBenchTimer()
     kernelbench._thrash = torch.empty(1, dtype=torch.int64)  # its L2-thrash buffer, on the host instead of the GPU
     return {"native": timing.NativeTimer(_FakeNativeCudaTimer()), "torch_events": timing.TorchEventTimer(),
@@ -436,3 +445,145 @@ def test_the_timers_and_the_trace_session_are_watched(monkeypatch):
         monkeypatch.setattr(cls, name, lambda *a, **k: None)
         assert any(c.endswith(f"{cls.__qualname__}.{name}") for c in snapshot.changed()), (cls, snapshot.changed())
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("module,name", [("cuda_eval.protocol.timing", "_perf_counter_ns"),
+                                         ("cuda_eval.protocol.timing", "_CudaEvent"),
+                                         ("cuda_eval.protocol.harness", "_manual_seed"),
+                                         ("cuda_eval.protocol.device_kernels", None),
+                                         ("cuda_eval.worker.dynamic_checks", "_setprofile")])
+def test_private_names_of_our_modules_are_watched(monkeypatch, module, name):
+    """A private alias of ours (the timing protocol's captured clock, the seed, the hook's setter) replaced in the
+    candidate's process is a monkeypatch: the snapshot covers every name of our modules, not only public ones."""
+    import importlib
+    import types
+
+    from cuda_eval.worker import __main__ as worker_main
+    mod = importlib.import_module(module)
+    if name is None:   # the first private name the module has
+        name = next(k for k in vars(mod) if k.startswith("_") and not k.startswith("__")
+                    and k not in ("_active", "_guarded_now"))
+    task = types.ModuleType("task")
+    task.Model = type("Model", (), {})
+    snapshot = worker_main.harness_snapshot(task)
+    assert not snapshot.changed()
+    monkeypatch.setattr(mod, name, lambda *a, **k: 0)
+    assert f"{module}.{name}" in snapshot.changed(), (name, snapshot.changed()[:5])
+
+
+def test_what_our_functions_hold_is_watched(monkeypatch):
+    """The timers hold their clocks as keyword-only defaults, and closures hold what they captured: replacing one
+    of those (a default, a cell, the code) is a monkeypatch too."""
+    import types
+
+    from cuda_eval.protocol import timing
+    from cuda_eval.worker import __main__ as worker_main
+    from cuda_eval.worker import dynamic_checks
+    task = types.ModuleType("task")
+    task.Model = type("Model", (), {})
+    snapshot = worker_main.harness_snapshot(task)
+    monkeypatch.setitem(timing.HostTimer.time.__kwdefaults__, "_clock", lambda: 0)
+    assert "cuda_eval.protocol.timing.HostTimer.time.__kwdefaults__[_clock]" in snapshot.changed()
+    monkeypatch.undo()
+    monkeypatch.setattr(timing.HostTimer.time, "__code__", (lambda self, fn, **k: []).__code__)
+    assert "cuda_eval.protocol.timing.HostTimer.time.__code__" in snapshot.changed()
+    monkeypatch.undo()
+    # a closure of a module of ours: its cell rebound
+    own = types.ModuleType("cuda_eval.closure_example")
+    exec("import time\ndef make():\n    clock = time.perf_counter_ns\n    def read():\n        return clock()\n"
+         "    return read\nread = make()\n", own.__dict__)
+    own.read.__module__ = own.__name__
+    snapshot = dynamic_checks.IdentitySnapshot([own], [])
+    assert snapshot.changed() == []
+    own.read.__closure__[0].cell_contents = lambda: 0
+    assert snapshot.changed() == ["cuda_eval.closure_example.read.__closure__[0]"]
+
+
+def test_a_rebound_clock_alias_changes_no_timer(monkeypatch):
+    """The host timer reads the clock it holds, not the module's name: a slowed clock planted in
+    cuda_eval.protocol.timing._perf_counter_ns (the clock_alias attack, from Python or from C++) changes no time."""
+    from cuda_eval.protocol import timing
+    busy = lambda _k: sum(range(20000))   # noqa: E731
+    real = timing._perf_counter_ns
+    monkeypatch.setattr(timing, "_perf_counter_ns", lambda: real() // 1000)
+    slowed = timing.HostTimer().time(busy, warmup=1, reps=5)
+    monkeypatch.undo()
+    honest = timing.HostTimer().time(busy, warmup=1, reps=5)
+    assert min(slowed) > 0.1 * min(honest), (slowed, honest)
+
+
+def test_the_cpu_clock_counts_threads_that_have_exited():
+    """The CPU device's clock (the judge reads the worker's CPU time from outside): work done on a thread that has
+    exited before the read still counts (a live thread's schedstat would lose it: a C11 thread that does the work and
+    ends before the judge looks), and so does the work of a child process that has been reaped."""
+    import os
+    import subprocess
+
+    from cuda_eval.judge import cpu_clock
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before = cpu_clock.process_tree_cpu_ns(os.getpid())
+    t = threading.Thread(target=burn, args=(0.3,))
+    t.start()
+    t.join()
+    after = cpu_clock.process_tree_cpu_ns(os.getpid())
+    assert after - before >= 0.25e9, (after - before) / 1e9
+    code = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    before = cpu_clock.process_tree_cpu_ns(os.getpid())
+    subprocess.run([sys.executable, "-c", code], check=True)   # reaped by run(): its time is our cutime now
+    after = cpu_clock.process_tree_cpu_ns(os.getpid())
+    assert after - before >= 0.25e9, (after - before) / 1e9
+    assert cpu_clock.process_tree_cpu_ns(2 ** 22 + 12345) is None
+
+
+def _aten_cpu_override(ops: list[str], seen: list[str]):
+    """A library registering a CPU kernel over each of `ops` that records its call and raises (what a candidate's
+    TORCH_LIBRARY_IMPL(aten, CPU, m) does from C++); the caller destroys it."""
+    lib = torch.library.Library("aten", "IMPL")
+    for op in ops:
+        def kernel(*args, _op=op, **kwargs):
+            seen.append(_op)
+            raise RuntimeError(f"intercepted {_op}")
+        lib.impl(op, kernel, "CPU")
+    return lib
+
+
+def test_the_host_digest_runs_no_aten_op():
+    """The digest that commits a call's output is our own code over the tensor's memory on the host: a kernel a
+    candidate registers over the ATen ops the torch form of the digest runs (detach, _to_copy, bitwise ops, cat)
+    is never called, so no deferred work can finish inside it."""
+    from cuda_eval.protocol import device_kernels
+    kernels = device_kernels.Kernels("cpu")
+    outs = [torch.randn(64, 33), (torch.randn(5, 7)[:, ::2], 3), torch.arange(10, dtype=torch.int8)]
+    expected = kernels.digests(outs, 99)
+    seen: list[str] = []
+    lib = _aten_cpu_override(["detach", "_to_copy", "bitwise_xor.Tensor", "bitwise_and.Scalar", "cat",
+                              "view.dtype", "clone", "copy_"], seen)
+    try:
+        got = kernels.digests(outs, 99)
+    finally:
+        lib._destroy()
+    assert got == expected and seen == [], seen
+    assert expected[0] == kernels.digests([outs[0].clone()], 99)[0]   # the digest of the bytes, not of the object
+    # the same digests as the spec's torch form (the judge on a GPU, the CUDA kernels)
+    assert device_kernels.finish(*device_kernels._native_digest_values(
+        outs[2].data_ptr(), [10], [1], 1, 99), 99) == device_kernels.digest_tensor_torch(outs[2], 99)
+
+
+def test_kernels_registered_over_the_harness_aten_ops_are_seen():
+    """A kernel registered for an ATen op the harness runs (the digest's torch form, the inputs' generation, the
+    outputs' packing) after the snapshot is a monkeypatch."""
+    snapshot = dynamic_checks.IdentitySnapshot(dynamic_checks.default_watch_modules(),
+                                               dynamic_checks.default_watch_classes())
+    assert snapshot.changed() == []
+    lib = _aten_cpu_override(["detach"], [])
+    try:
+        changed = snapshot.changed()
+    finally:
+        lib._destroy()
+    assert "the kernels registered for aten::detach" in changed, changed
+    assert snapshot.changed() == []

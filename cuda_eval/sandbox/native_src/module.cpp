@@ -6,6 +6,10 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
 #include <optional>
 
 #include "cuda_timer.h"
@@ -159,6 +163,90 @@ class Process {
   std::unique_ptr<Child> child_;
 };
 
+// The output digest's lanes and tree (cuda_eval/protocol/device_kernels.py states the spec; its CUDA kernels and
+// torch ops compute the same values) over a host tensor's raw memory: our own code, not ATen ops a candidate's
+// extension could register kernels for.
+inline uint64_t digest_mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+inline uint64_t digest_fold(uint64_t a, uint64_t b) { return digest_mix(a ^ digest_mix(b)) + b; }
+
+std::vector<uint64_t> digest_fold_blocks(const std::vector<uint64_t>& in) {
+  std::vector<uint64_t> out((in.size() + 255) / 256);
+  uint64_t v[256];
+  for (size_t b = 0; b < out.size(); ++b) {
+    for (size_t t = 0; t < 256; ++t) v[t] = b * 256 + t < in.size() ? in[b * 256 + t] : 0;
+    for (size_t half = 128; half > 0; half >>= 1)
+      for (size_t t = 0; t < half; ++t) v[t] = digest_fold(v[t], v[t + half]);
+    out[b] = v[0];
+  }
+  return out;
+}
+
+// (the values the host step hashes, as little-endian uint64 bytes; n words) of the elements at `ptr` laid out by
+// `sizes` and `strides` (in elements of `itemsize` bytes), read in row-major order.
+py::tuple digest_values(uintptr_t ptr, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                        int64_t itemsize, uint64_t key) {
+  if (sizes.size() != strides.size() || itemsize <= 0) throw std::invalid_argument("bad tensor layout");
+  std::vector<uint64_t> values;
+  uint64_t n = 0;
+  {
+    py::gil_scoped_release release;
+    uint64_t numel = 1;
+    bool contiguous = true;
+    int64_t expected = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      if (sizes[d] < 0 || strides[d] < 0) throw std::invalid_argument("bad tensor layout");
+      numel *= static_cast<uint64_t>(sizes[d]);
+      if (sizes[d] != 1 && strides[d] != expected) contiguous = false;
+      expected *= sizes[d];
+    }
+    const uint64_t n_bytes = numel * static_cast<uint64_t>(itemsize);
+    const unsigned char* base = reinterpret_cast<const unsigned char*>(ptr);
+    std::vector<unsigned char> gathered;
+    if (!contiguous && numel) {  // the elements in row-major order
+      gathered.resize(n_bytes);
+      std::vector<int64_t> index(sizes.size(), 0);
+      for (uint64_t e = 0; e < numel; ++e) {
+        int64_t offset = 0;
+        for (size_t d = 0; d < sizes.size(); ++d) offset += index[d] * strides[d];
+        std::memcpy(gathered.data() + e * itemsize, base + offset * itemsize, itemsize);
+        for (size_t d = sizes.size(); d-- > 0;) {
+          if (++index[d] < sizes[d]) break;
+          index[d] = 0;
+        }
+      }
+      base = gathered.data();
+    }
+    n = (n_bytes + 3) / 4;
+    const uint64_t lanes = n ? (n + 15) / 16 : 1;
+    auto word = [&](uint64_t i) -> uint64_t {
+      if (i >= n) return 0;
+      uint32_t w = 0;
+      const uint64_t at = 4 * i, take = n_bytes - at < 4 ? n_bytes - at : 4;
+      std::memcpy(&w, base + at, take);  // little-endian hosts (x86-64, aarch64): the spec's word order
+      return w;
+    };
+    std::vector<uint64_t> h(lanes);
+    for (uint64_t j = 0; j < lanes; ++j) {
+      uint64_t x = digest_mix(key ^ ((j + 1) * 0x9E3779B97F4A7C15ULL));
+      for (uint64_t r = 0; r < 16; ++r) x = digest_mix(x ^ word(r * lanes + j) ^ (r << 40)) + x;
+      h[j] = x;
+    }
+    values = digest_fold_blocks(h);
+    while (values.size() > 1024) values = digest_fold_blocks(values);
+  }
+  std::string bytes(values.size() * 8, '\0');
+  for (size_t i = 0; i < values.size(); ++i)
+    for (int b = 0; b < 8; ++b) bytes[8 * i + b] = static_cast<char>((values[i] >> (8 * b)) & 0xFF);
+  return py::make_tuple(py::bytes(bytes), n);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -300,6 +388,11 @@ PYBIND11_MODULE(_native, m) {
       py::arg("device") = py::none(), py::arg("lib_path") = py::none(),
       "dict(name, l2_cache_bytes, sm_count, major, minor, device, cudart) through the dlopen'ed runtime. Raises "
       "RuntimeError without a CUDA runtime or device.");
+
+  m.def("digest_values", &digest_values, py::arg("ptr"), py::arg("sizes"), py::arg("strides"), py::arg("itemsize"),
+        py::arg("key"),
+        "(values, n_words) of the output digest (device_kernels.py) over a host tensor's memory: data_ptr, sizes, "
+        "strides in elements, element size in bytes. The caller keeps the tensor alive.");
 
   m.def(
       "find_cudart",
