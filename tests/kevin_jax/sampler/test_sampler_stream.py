@@ -85,3 +85,56 @@ def test_the_policy_stream_returns_generations_by_owner_and_drops_its_weights_wh
         stream.add([[CONFIG.vocab_size]], 4, 0, owner="bad")
     assert not stream.busy                                      # a bad request queues nothing
     stream.close()
+
+
+class FakeShare:
+    """The evaluator's device share: held while the sampler uses the GPU."""
+
+    def __init__(self):
+        self.held = False
+        self.entered = 0
+
+    def __enter__(self):
+        assert not self.held
+        self.held, self.entered = True, self.entered + 1
+
+    def __exit__(self, *exc):
+        self.held = False
+
+
+class FakeCheckedFunctions:
+    """The engine's step functions, checking that the share is held around every device call."""
+
+    def __init__(self, functions, share):
+        self.functions, self.share, self.calls = functions, share, 0
+
+    def __getattr__(self, name):
+        return getattr(self.functions, name)
+
+    def prefill(self, *args):
+        assert self.share.held
+        self.calls += 1
+        return self.functions.prefill(*args)
+
+    def decode(self, *args):
+        assert self.share.held
+        self.calls += 1
+        return self.functions.decode(*args)
+
+
+def test_a_stream_holds_the_evaluators_device_share_around_each_device_call(model):
+    from kevin_jax.env.submissions import share_gpus_with_evaluator
+
+    policy = SamplerPolicy(model, STREAM)
+    share = FakeShare()
+    evaluator = type("FakeSharingEvaluator", (), {"device_share": lambda self, gpu: share})()
+    assert share_gpus_with_evaluator(policy, evaluator, [0]) == [share]
+    policy.engine.functions = checked = FakeCheckedFunctions(policy.engine.functions, share)
+    stream = policy.stream()
+    for prompts, limits, seed in REQUESTS[:2]:
+        stream.add(prompts, limits, seed, owner=seed)
+    while stream.busy:
+        stream.advance()
+        assert not share.held                                   # handed back between device calls
+    stream.close()
+    assert checked.calls >= stream.stats.decode_calls + 1 and share.entered >= stream.stats.decode_calls + 1
