@@ -5,8 +5,9 @@
 Per step:
   1. draw the step's training tasks (a function of seed and step: kevin_jax.rl.task_sampler);
   2. roll out env.num_trajectories trajectories x env.num_turns turns per task (kevin_jax.env.episode, the round
-     loop): the tasks in env.pipeline_groups groups, each round of a group one sampler call with the policy's own
-     parameters and one cuda_eval submission, one group's kernels compiled and run while another group samples;
+     loop): the tasks in env.pipeline_groups groups, each round of a group one sampler request with the policy's own
+     parameters (the groups' requests share one continuous decode batch) and one cuda_eval submission, one group's
+     kernels compiled and run while another group samples;
      each turn scored as it is played (kevin_jax.reward); discounted returns and per-task advantages come from
      kevin_jax.rl.advantages;
   3. rl.updates_per_batch optimiser updates on the batch (the first on-policy, the next off-policy with importance

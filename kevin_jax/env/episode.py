@@ -1,9 +1,13 @@
 """The rollout: tasks x trajectories x turns, and every candidate kernel followed from its prompt to its reward.
 
 Read `EpisodeRunner.play` top to bottom. The step's tasks are split into env.pipeline_groups groups (a task's
-trajectories stay together); a group's round is one policy call and one evaluation:
+trajectories stay together); a group's round is one policy request and one evaluation:
 
-  1. sample   one policy call for the group's live trajectories, seeded by (seed, step, round, group)
+  1. sample   one request for the group's live trajectories, seeded by (seed, step, round, group), handed to the
+              policy's stream (kevin_jax.env.policy.PolicyStream); with env.stream_rounds the sampler decodes every
+              request it holds in one continuous batch, so a round that becomes ready fills the slots that another
+              round's finished answers free (no batch shrinking while a round's longest answer ends); without, one
+              generate call per round
   2. parse    each answer decoded (the sampled tokens, kept as they are) and split into thought, code and summary
   3. submit   the answers (the text outside the thought) to cuda_eval, which compiles, checks and times them
               asynchronously (kevin_jax.env.submissions: a future per request)
@@ -16,10 +20,11 @@ trajectories stay together); a group's round is one policy call and one evaluati
               budget ends its trajectory
 
 With env.overlap (the default), the loop samples whichever group's round is ready while other groups' kernels are
-evaluated, and waits for verdicts only when nothing is ready; env.overlap=False awaits each evaluation before the next
-policy call. A group's prompts, seeds and request ids depend only on its own history, so the trajectories are a
-function of (seed, step, pipeline_groups), never of the overlap or of the order in which verdicts arrive; only the
-times differ. The runner returns scored turns; their returns and advantages are the update's
+evaluated, and waits for verdicts only when nothing is ready or sampling; env.overlap=False awaits each evaluation
+before the next policy request. A group's prompts, seeds and request ids depend only on its own history, and a
+request's tokens only on its prompts and seed (never on what else shares the batch), so the trajectories are a
+function of (seed, step, pipeline_groups), never of the overlap, the streaming or the order in which verdicts
+arrive; only the times differ. The runner returns scored turns; their returns and advantages are the update's
 (kevin_jax.rl.advantages). Trajectories are plain data (kevin_jax.env.trajectory, Contract 4). Early stop is off
 by default, as in Kevin. `replay` runs responses already written (saved trajectories, another model's answers)
 through the same parse, evaluator and score.
@@ -36,7 +41,7 @@ import numpy as np
 
 from cuda_eval.api import FEEDBACK_MODES, EvalConfig, EvalRequest, target_gpu_name
 from kevin_jax.env.parse import parse_response
-from kevin_jax.env.policy import Generation, Policy
+from kevin_jax.env.policy import Generation, Policy, open_stream
 from kevin_jax.env.prompts import Attempt, PromptRenderer, PromptTooLongError, RenderedPrompt, hf_tokenizer
 from kevin_jax.env.submissions import (Evaluations, PartTiming, StepTiming, interval_union, split_groups,
                                        verdict_dict)
@@ -67,8 +72,11 @@ class EnvConfig:
       profile of its kernels and the reference's: cuda_eval, EvalRequest.feedback).
     overlap: one pipeline group samples while another's kernels are evaluated (EpisodeRunner.play); False awaits each
       evaluation before the next sampler call: the same trajectories, slower.
-    pipeline_groups: the step's tasks split into this many groups, each round of a group one sampler call and one
-      evaluator submission; the trajectories are a function of it (see the module docstring).
+    pipeline_groups: the step's tasks split into this many groups, each round of a group one sampler request and
+      one evaluator submission; the trajectories are a function of it (see the module docstring).
+    stream_rounds: the groups' rounds join one continuous decode batch as they become ready (the sampler's stream),
+      so the batch stays full while a round's longest answers finish; False: one sampler call per round, which
+      ends with its longest answer (the same trajectories).
     """
     num_turns: int = 4
     num_trajectories: int = 16
@@ -81,6 +89,7 @@ class EnvConfig:
     feedback: str = "kevin"
     overlap: bool = True
     pipeline_groups: int = 2
+    stream_rounds: bool = True
 
     def __post_init__(self):
         if self.early_stop not in EARLY_STOP_MODES:
@@ -118,7 +127,7 @@ class RoundStats:
     prompt_tokens_mean: float
     response_tokens_mean: float
     render_s: float
-    generate_s: float           # policy calls (with decoding and parsing)
+    generate_s: float           # from each group's request to its answers (streamed, requests share the batch)
     evaluate_s: float           # from each group's submission to its last verdict
     total_s: float              # from the round's first prompt rendering to its last scoring
 
@@ -233,66 +242,41 @@ class EpisodeRunner:
             return time.perf_counter() - start
 
         evaluations = Evaluations(self.evaluator, getattr(self.evaluator, "mode", "full"), clock)
+        stream = open_stream(self.policy, self.env.stream_rounds)
         ready = collections.deque(Round(g, 0, list(live), [first_prompts[lv.task.task_id] for lv in live], 0.0,
                                         render_s if g == 0 else 0.0) for g, live in enumerate(groups))
         played: list[Round] = []
         try:
-            while ready or evaluations.in_flight:
-                progressed = False
-                # Overlapped: sample a ready round while other rounds are being evaluated. Sequential: only when no
-                # evaluation is out.
-                if ready and (self.env.overlap or not evaluations.in_flight):
+            while ready or stream.busy or evaluations.in_flight:
+                # 1. sample: each ready round is one request, seeded by its own (step, round, group), to the
+                # policy's stream. Overlapped, into a continuous stream: as soon as it is ready (it fills the slots
+                # that other rounds' finished answers free). Else one at a time: a policy call per round, and
+                # sequential, only when no evaluation is out either.
+                while ready and (self.env.overlap or not evaluations.in_flight) and (
+                        not stream.busy or (self.env.overlap and stream.continuous)):
                     rnd = ready.popleft()
                     rnd.timing.sample_start = clock()
-                    # 1. sample: one policy call for the group's live trajectories
-                    generations = self.policy.generate([p.token_ids for p in rnd.prompts],
-                                                       self.env.max_response_tokens,
-                                                       round_seed(seed, step, rnd.index, rnd.group))
-                    _check_count("policy.generate", len(generations), len(rnd.prompts))
-                    # 2. parse: the response text (the sampled tokens decoded), its thought, code and summary
-                    texts = [self.decode(g.tokens) for g in generations]
-                    parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars)
-                              for text in texts]
-                    rnd.answers = list(zip(generations, texts, parsed))
-                    # 3. submit: the answers (never the thoughts) to the evaluator, which compiles, checks and times
-                    # them while the loop goes on
-                    requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
-                                            request_id=request_prefix + _request_id(lv.traj, rnd.index),
-                                            feedback=self.env.feedback)
-                                for lv, p in zip(rnd.live, parsed)]
-                    rnd.timing.sample_end = clock()
-                    evaluations.submit(requests, rnd.timing, owner=rnd)
-                    progressed = True
+                    stream.add([p.token_ids for p in rnd.prompts], self.env.max_response_tokens,
+                               round_seed(seed, step, rnd.index, rnd.group), rnd)
+                progressed = stream.busy
+                if progressed:
+                    # Some sampling (the sampler's stream: one decode call), then the rounds whose answers are in.
+                    for rnd, generations in stream.advance():
+                        _check_count("policy.generate", len(generations), len(rnd.prompts))
+                        self._submit(rnd, generations, evaluations, clock, request_prefix)
                 # Every round whose verdicts are all in (waiting for one only when there was nothing to sample).
                 while True:
                     done = evaluations.next_done(block=not progressed)
                     if done is None:
                         break
                     progressed = True
-                    rnd = done.owner
-                    # 4. score: each answer becomes a Turn of its trajectory, scored from its verdict;
-                    # 5. carry: its code, summary and feedback are the attempt that the next prompt shows
-                    for lv, prompt, (generation, text, parse), verdict in zip(rnd.live, rnd.prompts, rnd.answers,
-                                                                              done.verdicts):
-                        turn = Turn(rnd.index, list(prompt.token_ids), list(generation.tokens),
-                                    [float(x) for x in generation.logprobs], generation.stop_reason, text,
-                                    parse.to_dict(), dict(verdict))
-                        turn.score = self.score(turn)
-                        lv.traj.turns.append(turn)
-                        lv.attempts.append(Attempt(parse.code, parse.summary, turn.feedback))
-                        rnd.turns.append(turn)
-                    played.append(rnd)
-                    self._log_round(rnd, len(groups), request_prefix)
-                    # 6. stop: early stop; beam search prunes and copies trajectories here
-                    going_on = [lv for lv, turn in zip(rnd.live, rnd.turns) if not self._stops(lv, turn)]
-                    if after_round is not None:
-                        going_on = after_round(going_on, rnd.index)
-                    # 7. render: the group's next prompts (a history over the prompt budget ends its trajectory)
-                    following = self._next_round(rnd, going_on, clock, request_prefix)
-                    rnd.timing.scored = clock()
+                    following = self._score(done.owner, done.verdicts, clock, len(groups), request_prefix,
+                                            after_round)
+                    played.append(done.owner)
                     if following is not None:
                         ready.append(following)
         finally:
+            stream.close()
             evaluations.close()
         timing = _step_timing([r.timing for r in played], clock(), self.env.overlap, len(groups))
         log.info("%sepisode of step %d (%s, %d group%s): sampling %.1fs busy, evaluation %.1fs wall, episode %.1fs "
@@ -300,6 +284,45 @@ class EpisodeRunner:
                  "overlapped" if self.env.overlap else "sequential", len(groups), "s" if len(groups) > 1 else "",
                  timing.sampling_s, timing.evaluation_s, timing.wall_s, timing.wall_over_max)
         return EpisodeResult([lv.traj for live in groups for lv in live], _round_stats(played), timing)
+
+    def _submit(self, rnd: Round, generations: list[Generation], evaluations: Evaluations,
+                clock: Callable[[], float], request_prefix: str) -> None:
+        """Steps 2-3 for a round whose answers are in."""
+        # 2. parse: the response text (the sampled tokens decoded), its thought, code and summary
+        texts = [self.decode(g.tokens) for g in generations]
+        parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
+        rnd.answers = list(zip(generations, texts, parsed))
+        # 3. submit: the answers (never the thoughts) to the evaluator, which compiles, checks and times them while
+        # the loop goes on
+        requests = [EvalRequest(task_id=lv.task.task_id, task_source=lv.task.source, response=p.answer,
+                                request_id=request_prefix + _request_id(lv.traj, rnd.index), feedback=self.env.feedback)
+                    for lv, p in zip(rnd.live, parsed)]
+        rnd.timing.sample_end = clock()
+        evaluations.submit(requests, rnd.timing, owner=rnd)
+
+    def _score(self, rnd: Round, verdicts: list[dict], clock: Callable[[], float], groups: int, request_prefix: str,
+               after_round: AfterRound | None) -> Round | None:
+        """Steps 4-7 for a round whose verdicts are all in; returns the group's next round (None: the group is
+        done)."""
+        # 4. score: each answer becomes a Turn of its trajectory, scored from its verdict;
+        # 5. carry: its code, summary and feedback are the attempt that the next prompt shows
+        for lv, prompt, (generation, text, parse), verdict in zip(rnd.live, rnd.prompts, rnd.answers, verdicts):
+            turn = Turn(rnd.index, list(prompt.token_ids), list(generation.tokens),
+                        [float(x) for x in generation.logprobs], generation.stop_reason, text, parse.to_dict(),
+                        dict(verdict))
+            turn.score = self.score(turn)
+            lv.traj.turns.append(turn)
+            lv.attempts.append(Attempt(parse.code, parse.summary, turn.feedback))
+            rnd.turns.append(turn)
+        self._log_round(rnd, groups, request_prefix)
+        # 6. stop: early stop; beam search prunes and copies trajectories here
+        going_on = [lv for lv, turn in zip(rnd.live, rnd.turns) if not self._stops(lv, turn)]
+        if after_round is not None:
+            going_on = after_round(going_on, rnd.index)
+        # 7. render: the group's next prompts (a history over the prompt budget ends its trajectory)
+        following = self._next_round(rnd, going_on, clock, request_prefix)
+        rnd.timing.scored = clock()
+        return following
 
     def _stops(self, lv: Live, turn: Turn) -> bool:
         """Early stop (env.early_stop) after this turn; updates the trajectory's best score and correct kernel."""
@@ -348,7 +371,7 @@ def _step_timing(parts: list[PartTiming], wall_s: float, overlap: bool, groups: 
     if total and failures == total:
         raise RuntimeError(f"the evaluator failed on all {total} requests of the step (see the errors above); "
                            "no verdict to learn from")
-    return StepTiming(wall_s=wall_s, sampling_s=sum(p.sample_s for p in parts),
+    return StepTiming(wall_s=wall_s, sampling_s=interval_union((p.sample_start, p.sample_end) for p in parts),
                       evaluation_s=interval_union((p.submitted, p.verdicts_in) for p in parts),
                       overlap=overlap, groups=groups, parts=parts)
 

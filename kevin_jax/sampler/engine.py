@@ -1,14 +1,21 @@
 """Continuous batching over a paged KV cache: the host-side scheduler around the jitted prefill and decode calls.
 
-One `generate` call:
-  1. admit waiting sequences into free decode slots while KV pages last (sharing cached prompt-prefix pages),
+A `SamplerStream` decodes every request handed to it (`add`: a list of prompts with one seed, e.g. one pipeline
+group's round) in one continuous batch; each `step`:
+  1. admit waiting sequences, oldest request first, into free decode slots while KV pages last (sharing cached
+     prompt-prefix pages),
   2. prefill their uncached prompt pieces (bucketed shapes, several sequences per call) and draw each first token,
   3. run one decode call: up to `decode_steps` steps on device for all slots, returning early once enough slots
      have finished while prompts wait,
-  4. collect tokens, release finished sequences' pages, refill their slots; repeat.
+  4. collect tokens, release finished sequences' pages (their slots are refilled by the next step), and return the
+     requests whose sequences have all finished.
+Requests may be added between steps, so a caller that has more work (the next round of a group whose verdicts are
+in, another group's prompts) keeps the decode batch full instead of decoding a shrinking batch while one request's
+longest response ends (kevin_jax.env.episode). `generate` is one request run to its end.
 Pages are taken as sequences grow (one decode call ahead); if the pool runs dry the most recently admitted sequence
 is preempted: its pages are released and it is re-admitted later by recomputing its cache (prompt pages usually
-still cached). Per-sequence RNG keys make the sampled tokens independent of all of this.
+still cached). Per-sequence RNG keys (the request's seed, the sequence's index in its request, the token's index)
+make the sampled tokens independent of all of this: of slots, decode calls and the other requests in the batch.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -62,6 +70,7 @@ class GenerateStats:
     slot_steps_active: int = 0       # sum over decode steps of the slots doing useful work
     slot_steps_total: int = 0        # sum over decode steps of max_slots
     kv_tokens_read: int = 0          # sum over decode steps and slots of the live cache tokens attended to
+    live_per_step: list[int] = dataclasses.field(default_factory=list, repr=False)  # slots decoding, each step
     preemptions: int = 0
     peak_pages_in_use: int = 0
     prefill_s: float = 0.0
@@ -75,9 +84,12 @@ class GenerateStats:
 
 @dataclasses.dataclass(eq=False)
 class _Sequence:
-    index: int
+    index: int                       # unique in its stream (host bookkeeping)
     prompt: np.ndarray
     max_new: int
+    seed: int = 0                    # its request's seed and its index there: its RNG (sampling.token_keys)
+    rng_id: int = 0
+    request: "StreamRequest | None" = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     policy_logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -219,7 +231,7 @@ class SamplerEngine:
         self._pool = None
 
     # ------------------------------------------------------------------ validation
-    def _sequences(self, prompts, max_new_tokens) -> list[_Sequence]:
+    def _sequences(self, prompts, max_new_tokens, seed: int = 0, first_index: int = 0) -> list[_Sequence]:
         count = len(prompts)
         if isinstance(max_new_tokens, (int, np.integer)):
             limits = [int(max_new_tokens)] * count
@@ -244,7 +256,8 @@ class SamplerEngine:
             if len(ids) >= max_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens but the context is sampler.max_seq_len="
                                  f"{max_len}: no room to generate (shorten the prompt or raise max_seq_len)")
-            sequences.append(_Sequence(index=i, prompt=ids.astype(np.int32), max_new=min(limit, max_len - len(ids))))
+            sequences.append(_Sequence(index=first_index + i, prompt=ids.astype(np.int32),
+                                       max_new=min(limit, max_len - len(ids)), seed=int(seed) & 0xFFFFFFFF, rng_id=i))
         return sequences
 
     # ------------------------------------------------------------------ generate
@@ -252,27 +265,113 @@ class SamplerEngine:
                  stop_check: StopCheck | None = None) -> tuple[list[SampleResult], GenerateStats]:
         """Samples a continuation of every prompt. `params` is the model's nnx.State (any sharding)."""
         start = time.perf_counter()
-        sequences = self._sequences(prompts, max_new_tokens)
-        stats = GenerateStats(sequences=len(sequences), prompt_tokens=sum(len(s.prompt) for s in sequences))
-        if sequences:
-            # The copy in the sampling layout (tensor-parallel, compute dtype), made once here and freed on return.
-            weights = self.weights(params)
-            run = _Run(self, weights, sequences, int(seed) & 0xFFFFFFFF, stop_check, stats)
-            self._pool = run.execute(self.pool())
-        stats.total_s = time.perf_counter() - start
-        results = [SampleResult(s.tokens, s.logprobs, s.policy_logprobs, s.reason, len(s.prompt)) for s in sequences]
-        return results, stats
+        stream = self.stream(params, stop_check=stop_check)
+        try:
+            request = stream.add(prompts, max_new_tokens, seed)
+            while stream.busy:
+                stream.step()
+        finally:
+            stream.close()
+        stream.stats.total_s = time.perf_counter() - start
+        return request.results(), stream.stats
+
+    def stream(self, params, *, stop_check: StopCheck | None = None) -> "SamplerStream":
+        """A continuous batch that requests can join between decode calls (SamplerStream)."""
+        return SamplerStream(self, params, stop_check)
+
+
+@dataclasses.dataclass(eq=False)
+class StreamRequest:
+    """One `SamplerStream.add`: its prompts' sequences, done when every one has finished."""
+    owner: Any
+    sequences: list[_Sequence]
+    remaining: int
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+    def results(self) -> list[SampleResult]:
+        if not self.done:
+            raise RuntimeError(f"{self.remaining} of the request's {len(self.sequences)} sequences are still running")
+        return [SampleResult(s.tokens, s.logprobs, s.policy_logprobs, s.reason, len(s.prompt)) for s in self.sequences]
+
+
+class SamplerStream:
+    """Requests decoded together in one continuous batch (see the module docstring). One thread drives it: `add`
+    requests, call `step` while `busy`; each step returns the requests it completed, oldest first. The weight copy
+    in the sampling layout is made when work arrives and dropped whenever the stream runs dry (as between generate
+    calls); the KV pool is the engine's. Statistics accumulate in `stats`."""
+
+    def __init__(self, engine: SamplerEngine, params, stop_check: StopCheck | None = None):
+        self.engine = engine
+        self.params = params
+        self.stats = GenerateStats()
+        self._run = _Run(engine, stop_check, self.stats)
+        self._pending: list[StreamRequest] = []      # added, not yet returned by step
+        self._next_index = 0
+
+    def add(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], seed: int,
+            owner: Any = None) -> StreamRequest:
+        """Queues the prompts (checked first: a bad prompt raises and queues nothing) behind the earlier requests."""
+        sequences = self.engine._sequences(prompts, max_new_tokens, seed, self._next_index)
+        self._next_index += len(sequences)
+        request = StreamRequest(owner, sequences, len(sequences))
+        for seq in sequences:
+            seq.request = request
+        self.stats.sequences += len(sequences)
+        self.stats.prompt_tokens += sum(len(s.prompt) for s in sequences)
+        self._run.waiting.extend(sequences)
+        self._pending.append(request)
+        return request
+
+    @property
+    def busy(self) -> bool:
+        """Requests added and not yet returned by `step`."""
+        return bool(self._pending)
+
+    @property
+    def live(self) -> int:
+        """Sequences in decode slots now."""
+        return int(self._run.state.active.sum())
+
+    def step(self) -> list[StreamRequest]:
+        """One admission (with its prefill) and one decode call; the requests now complete, in the order added."""
+        run = self._run
+        start = time.perf_counter()
+        if run.waiting or run.state.active.any():
+            if run.weights is None:
+                # The copy in the sampling layout (tensor-parallel, compute dtype), held while there is work.
+                run.weights = self.engine.weights(self.params)
+            pool, self.engine._pool = self.engine.pool(), None     # donated through the calls
+            self.engine._pool = run.step(pool)
+            if not (run.waiting or run.state.active.any()):
+                run.weights = None
+        self.stats.total_s += time.perf_counter() - start
+        done = [r for r in self._pending if r.done]
+        self._pending = [r for r in self._pending if not r.done]
+        return done
+
+    def close(self) -> None:
+        """Drops the weight copy and whatever was still queued or decoding."""
+        run = self._run
+        for seq in [s for s in run.slots if s is not None]:
+            run.allocator.release(seq.pages)
+            seq.pages = []
+        run.slots = [None] * len(run.slots)
+        run.state.active[:] = False
+        run.waiting.clear()
+        run.weights = None
+        self._pending = []
 
 
 class _Run:
-    """The state of one generate call (host mirror of the slots, page allocator, queues)."""
+    """The state of one stream (host mirror of the slots, page allocator, queue of waiting sequences)."""
 
-    def __init__(self, engine: SamplerEngine, weights: steps.SamplerWeights, sequences: list[_Sequence], seed: int,
-                 stop_check: StopCheck | None, stats: GenerateStats):
+    def __init__(self, engine: SamplerEngine, stop_check: StopCheck | None, stats: GenerateStats):
         self.engine = engine
         self.config = engine.config
-        self.weights = weights
-        self.seed = np.uint32(seed)
+        self.weights: steps.SamplerWeights | None = None
         self.stop_check = stop_check
         self.stats = stats
         self.page = engine.geometry.page_size
@@ -284,25 +383,26 @@ class _Run:
             gen_count=np.zeros(slots, np.int32), max_new=np.ones(slots, np.int32), active=np.zeros(slots, bool),
             sequence_ids=np.zeros(slots, np.int32), tables=np.zeros((slots, width), np.int32),
             recent=np.full((slots, recent), -1, np.int32))
-        self.waiting = collections.deque(sequences)
+        self.seeds = np.zeros(slots, np.uint32)          # each slot's request seed (not part of the device state)
+        self.waiting: collections.deque[_Sequence] = collections.deque()
         self.admissions = 0
 
     # ------------------------------------------------------------------ main loop
-    def execute(self, pool):
-        while self.waiting or self.state.active.any():
-            admitted = self._admit()
-            if admitted:
-                with self.engine.device_guard():
-                    pool = self._prefill(pool, admitted)
-                    if self.engine.device_guard is not contextlib.nullcontext:
-                        jax.block_until_ready(pool)   # its work is done before the GPU is handed back
-            if not self.state.active.any():
-                if self.waiting and not admitted:
-                    raise RuntimeError("sampler made no progress: the KV pool cannot admit the next prompt")
-                continue
-            self._grow_pages()
-            with self.engine.device_guard():   # _decode reads its outputs back: the call is over when it returns
-                pool = self._decode(pool)
+    def step(self, pool):
+        """Admits and prefills what fits, then one decode call (none when no slot is live)."""
+        admitted = self._admit()
+        if admitted:
+            with self.engine.device_guard():
+                pool = self._prefill(pool, admitted)
+                if self.engine.device_guard is not contextlib.nullcontext:
+                    jax.block_until_ready(pool)   # its work is done before the GPU is handed back
+        if not self.state.active.any():
+            if self.waiting and not admitted:
+                raise RuntimeError("sampler made no progress: the KV pool cannot admit the next prompt")
+            return pool
+        self._grow_pages()
+        with self.engine.device_guard():   # _decode reads its outputs back: the call is over when it returns
+            pool = self._decode(pool)
         return pool
 
     # ------------------------------------------------------------------ admission
@@ -379,7 +479,9 @@ class _Run:
                     # one partial page each, the rest shared) must not pay attention over per_call padded rows.
                     rows = min(per_call, 1 << (len(part) - 1).bit_length())
                     batch = self._prefill_batch(part, contexts, width, rows)
-                    pool, sample, reasons = self.engine.functions.prefill(self.weights, pool, batch, self.seed)
+                    seeds = np.zeros(rows, np.uint32)
+                    seeds[:len(part)] = [seq.seed for seq, _, _ in part]
+                    pool, sample, reasons = self.engine.functions.prefill(self.weights, pool, batch, seeds)
                     self.stats.prefill_calls += 1
                     drawn.append((part, sample, reasons))
         for part, sample, reasons in drawn:
@@ -426,7 +528,7 @@ class _Run:
             kv_lengths[r] = b
             last_index[r] = b - a - 1
             sample_row[r] = b == len(context) and not seq.tokens
-            sequence_ids[r] = seq.index
+            sequence_ids[r] = seq.rng_id
             gen_index[r] = len(seq.tokens)
             max_new[r] = seq.max_new
         return steps.PrefillBatch(tokens, positions, valid, tables, kv_lengths, last_index, sample_row,
@@ -439,7 +541,8 @@ class _Run:
         s.gen_count[slot] = len(seq.tokens)
         s.max_new[slot] = seq.max_new
         s.active[slot] = True
-        s.sequence_ids[slot] = seq.index
+        s.sequence_ids[slot] = seq.rng_id
+        self.seeds[slot] = seq.seed
         s.tables[slot] = 0
         s.tables[slot, :len(seq.pages)] = seq.pages
         s.recent[slot] = -1
@@ -448,6 +551,8 @@ class _Run:
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
         seq.reason = reason
+        if seq.request is not None:
+            seq.request.remaining -= 1
         self.allocator.release(seq.pages)
         seq.pages = []
         if seq.slot is not None:
@@ -496,7 +601,7 @@ class _Run:
             threshold = slots + 1
         active_before = self.state.active.copy()
         cache_before = self.state.cache_len.copy()
-        pool, new_state, out = self.engine.functions.decode(self.weights, pool, self.state, self.seed,
+        pool, new_state, out = self.engine.functions.decode(self.weights, pool, self.state, self.seeds,
                                                             np.int32(threshold))
         out = jax.tree.map(np.asarray, out)
         new_state = jax.tree.map(np.array, new_state)               # writable host copies
@@ -510,6 +615,7 @@ class _Run:
         self.stats.slot_steps_active += int(produced.sum())
         self.stats.generated_tokens += int(produced.sum())
         self.stats.kv_tokens_read += int(np.sum(produced * cache_before + produced * (produced + 1) // 2))
+        self.stats.live_per_step.extend(int((produced > j).sum()) for j in range(num_steps))
         for slot in np.flatnonzero(active_before):
             seq = self.slots[slot]
             n = int(produced[slot])

@@ -3,6 +3,7 @@
     policy = SamplerPolicy(model, SamplerConfig(temperature=0.9), tokenizer=tok, mesh=mesh)
     generations = policy.generate(prompt_token_lists, max_new_tokens=16384, seed=step)
     policy.set_model(updated_model)          # after an optimiser step: same graph, new parameters, nothing recompiles
+    stream = policy.stream()                 # requests decoded in one continuous batch (kevin_jax.env.policy)
 
 Generation.logprobs are log-probs under the sampling distribution (temperature, top-k/top-p): what
 Qwen2ForCausalLM.token_logprobs(..., temperature=T) recomputes when top_k=0 and top_p=1. `sample` also returns the
@@ -11,13 +12,14 @@ temperature-1 policy log-probs (see kevin_jax.sampler.sampling).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from flax import nnx
 
 from kevin_jax.env.policy import Generation
 from kevin_jax.model import qwen2
 from kevin_jax.sampler.config import SamplerConfig
-from kevin_jax.sampler.engine import GenerateStats, SampleResult, SamplerEngine, params_of
+from kevin_jax.sampler.engine import GenerateStats, SampleResult, SamplerEngine, SamplerStream, params_of
 
 
 class StopStringCheck:
@@ -82,5 +84,44 @@ class SamplerPolicy:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                  seed: int) -> list[Generation]:
-        return [Generation(tokens=r.tokens, logprobs=r.logprobs, stop_reason=r.stop_reason)
-                for r in self.sample(prompts, max_new_tokens, seed)]
+        return [_generation(r) for r in self.sample(prompts, max_new_tokens, seed)]
+
+    def stream(self) -> "PolicyStreamOfSampler":
+        """kevin_jax.env.policy.PolicyStream over one SamplerStream of the current model: requests join one
+        continuous decode batch; each one's tokens are those `generate` draws for its prompts and seed."""
+        stream = PolicyStreamOfSampler(self.engine.stream(params_of(self.model), stop_check=self._stop_check))
+        self.last_stats = stream.stats
+        return stream
+
+
+class PolicyStreamOfSampler:
+    """A SamplerStream as the environment drives it (kevin_jax.env.policy.PolicyStream)."""
+    continuous = True
+
+    def __init__(self, stream: SamplerStream):
+        self.stream = stream
+
+    @property
+    def stats(self) -> GenerateStats:
+        return self.stream.stats
+
+    def add(self, prompts, max_new_tokens, seed, owner: Any) -> None:
+        self.stream.add(prompts, max_new_tokens, seed, owner)
+
+    @property
+    def busy(self) -> bool:
+        return self.stream.busy
+
+    @property
+    def live(self) -> int:
+        return self.stream.live
+
+    def advance(self) -> list[tuple[Any, list[Generation]]]:
+        return [(r.owner, [_generation(x) for x in r.results()]) for r in self.stream.step()]
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _generation(r: SampleResult) -> Generation:
+    return Generation(tokens=r.tokens, logprobs=r.logprobs, stop_reason=r.stop_reason)

@@ -8,7 +8,8 @@ Which log-probs come back (the loss must use the matching recomputation):
                    token_logprobs(..., temperature=1.0).
 
 Randomness: the key of the token a sequence draws at generation index i is fold_in(fold_in(key(seed), sequence id),
-i), so the same (seed, sequence id) gives the same tokens whatever slot, batch or decode call it lands in.
+i), so the same (seed, sequence id) gives the same tokens whatever slot, batch or decode call it lands in, and
+whatever other requests (each with its own seed) share the batch.
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ class Sampled(NamedTuple):
 
 
 def token_keys(seed: jax.Array, sequence_ids: jax.Array, positions: jax.Array) -> jax.Array:
-    """One PRNG key per row: fold_in(fold_in(key(seed), sequence_id), position)."""
-    base = jax.random.key(seed)
-    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(sequence_ids, positions)
+    """One PRNG key per row: fold_in(fold_in(key(seed), sequence_id), position). `seed` is one seed for every row
+    or one per row (rows of different generate requests decoded in one batch: kevin_jax.sampler.engine)."""
+    seeds = jnp.broadcast_to(jnp.asarray(seed, jnp.uint32), jnp.shape(sequence_ids))
+    return jax.vmap(lambda k, s, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(k), s), p))(
+        seeds, sequence_ids, positions)
 
 
 def _rows_mask(shape, rows_indices: jax.Array, keep: jax.Array | None = None) -> jax.Array:

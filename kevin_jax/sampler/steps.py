@@ -168,6 +168,7 @@ class StepFunctions:
       view(params) -> SamplerWeights          the parameters themselves (no copy), for layer_loop="scan"
       prefill(weights, pool, batch, seed)     -> (pool, Sampled of the rows' first tokens, reasons)
       decode(weights, pool, state, seed, refill_threshold) -> (pool, state, DecodeOutput)
+    `seed` is a uint32 scalar (every row) or one per row ([R] / [N]: rows of different requests in one batch).
     """
 
     def __init__(self, parts: ModelParts, settings: StepSettings, *, mesh=None, tensor_axis=None):
