@@ -12,7 +12,7 @@ from test_overlap import SOLUTIONS, TASKS, FakeShuffledEvaluator, tasks, verdict
 
 from kevin_jax.env.episode import EnvConfig, EpisodeRunner
 from kevin_jax.env.policy import CallPerRequest, Generation, open_stream
-from kevin_jax.env.reward import RewardConfig
+from kevin_jax.reward import RewardConfig
 
 SLOTS = 6
 
