@@ -245,7 +245,7 @@ class EpisodeRunner:
                                                        round_seed(seed, step, rnd.index, rnd.group))
                     _check_count("policy.generate", len(generations), len(rnd.prompts))
                     # 2. parse: the response text (the sampled tokens decoded), its thought, code and summary
-                    texts = [self.decode(g.tokens) for g in generations]
+                    texts = self.answer_texts(rnd.live, rnd.index, [self.decode(g.tokens) for g in generations])
                     parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars)
                               for text in texts]
                     rnd.answers = list(zip(generations, texts, parsed))
@@ -295,6 +295,11 @@ class EpisodeRunner:
                  "overlapped" if self.env.overlap else "sequential", len(groups), "s" if len(groups) > 1 else "",
                  timing.sampling_s, timing.evaluation_s, timing.wall_s, timing.wall_over_max)
         return EpisodeResult([lv.traj for live in groups for lv in live], _round_stats(played), timing)
+
+    def answer_texts(self, live: Sequence[Live], round_index: int, texts: list[str]) -> list[str]:
+        """The response texts that are parsed, judged and carried: the decoded samples (kevin_jax.env.replay's
+        runner puts replayed answers after them)."""
+        return texts
 
     def _stops(self, lv: Live, turn: Turn) -> bool:
         """Early stop (env.early_stop) after this turn; updates the trajectory's best score and correct kernel."""
