@@ -172,8 +172,8 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 handler.addFilter(tagger)
                 stack.callback(handler.removeFilter, tagger)
             log.warning("rl.replay=%r: NOT TRAINING. The sampler ignores its stop tokens (full-length responses) and "
-                        "the evaluator judges replayed answers of each task (shipped solutions, warm-start corpus) in "
-                        "place of the sampled ones; every metric is under replay/", spec.rl.replay)
+                        "each response is followed by a replayed answer of its task (shipped solutions, warm-start "
+                        "corpus), which the evaluator judges; every metric is under replay/", spec.rl.replay)
         if evaluator is None:
             evaluator = stack.enter_context(make_evaluator(spec))
         mode = getattr(evaluator, "mode", "full")
@@ -188,9 +188,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         # --- tasks, tokenizer, model, optimiser
         tokenizer = run_tokenizer(spec)
         tasks = load_tasks(spec.tasks).tasks
-        if spec.rl.replay:
-            evaluator = replay.ReplayEvaluator(evaluator, replay.answers_for(spec.rl.replay,
-                                                                             [t.task_id for t in tasks]))
+        answers = replay.answers_for(spec.rl.replay, [t.task_id for t in tasks]) if spec.rl.replay else None
         global_mesh, local_mesh = multihost.build_meshes(spec.mesh)
         arch = architecture(spec)
         check_vocabulary(tokenizer, arch)
@@ -262,7 +260,9 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
         # the card the kernels run on, named in every prompt (env.gpu_name="auto"; a name overrides it)
         env = dataclasses.replace(spec.env, gpu_name=resolve_gpu_name(spec.env.gpu_name, spec.eval, evaluator))
         log.info("%sprompts name the GPU %r", tag, env.gpu_name)
-        runner = EpisodeRunner(policy, evaluator, tokenizer, env, spec.reward, compile_only_score=proxy_score)
+        runner = (replay.ReplayRunner(answers, policy, evaluator, tokenizer, env, spec.reward,
+                                      compile_only_score=proxy_score) if spec.rl.replay
+                  else EpisodeRunner(policy, evaluator, tokenizer, env, spec.reward, compile_only_score=proxy_score))
         temperature = spec.sampler.temperature
         updater = rl_state.Updater(graphdef, tx, schedule, spec.rl, global_mesh, temperature, offload=host_offload,
                                    grad_dtype=rl_state.GRAD_DTYPES[spec.optim.grad_dtype])
@@ -300,7 +300,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
             trajectories, phase = run_episodes(runner, step_tasks, step, spec.seed, spec.advantage)
             rollout_s = time.perf_counter() - t0
             if spec.rl.replay:
-                _write_replayed(step_path(workdir / "replay", step), evaluator.take_replayed(), is_main)
+                _write_replayed(step_path(workdir / "replay", step), runner.take_replayed(), is_main)
             # correctness, scores, returns, advantages, lengths; the speed of correct kernels (rollout/speed/...)
             values.update({f"rollout/{k}": v for k, v in
                            rollout_stats.rollout_scalars(trajectories, spec.env.num_turns,
@@ -419,7 +419,7 @@ def run(config: Any, workdir: str | os.PathLike, *, evaluator: Any = None) -> di
                 if is_main and spec.log.trajectories:
                     write_trajectories(step_path(workdir / "holdout", step), held)
                 if spec.rl.replay:
-                    _write_replayed(step_path(workdir / "replay" / "holdout", step), evaluator.take_replayed(),
+                    _write_replayed(step_path(workdir / "replay" / "holdout", step), runner.take_replayed(),
                                     is_main)
                 log.info("%sheld-out after step %d: score %.3f on %d tasks", tag, step,
                          scalars.get("holdout/score_mean", 0.0), len(holdout_tasks))

@@ -289,7 +289,7 @@ class EpisodeRunner:
                 clock: Callable[[], float], request_prefix: str) -> None:
         """Steps 2-3 for a round whose answers are in."""
         # 2. parse: the response text (the sampled tokens decoded), its thought, code and summary
-        texts = [self.decode(g.tokens) for g in generations]
+        texts = self.answer_texts(rnd.live, rnd.index, [self.decode(g.tokens) for g in generations])
         parsed = [parse_response(text, self.renderer.opens_thought, self.env.max_summary_chars) for text in texts]
         rnd.answers = list(zip(generations, texts, parsed))
         # 3. submit: the answers (never the thoughts) to the evaluator, which compiles, checks and times them while
@@ -323,6 +323,11 @@ class EpisodeRunner:
         following = self._next_round(rnd, going_on, clock, request_prefix)
         rnd.timing.scored = clock()
         return following
+
+    def answer_texts(self, live: Sequence[Live], round_index: int, texts: list[str]) -> list[str]:
+        """The response texts that are parsed, judged and carried: the decoded samples (kevin_jax.env.replay's
+        runner puts replayed answers after them)."""
+        return texts
 
     def _stops(self, lv: Live, turn: Turn) -> bool:
         """Early stop (env.early_stop) after this turn; updates the trajectory's best score and correct kernel."""

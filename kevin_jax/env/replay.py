@@ -5,12 +5,13 @@ With random weights a policy writes no kernel: every answer gets a format verdic
 
   - the sampler ignores its stop tokens: every response runs to env.max_response_tokens (the full-length shapes of
     sampling and of the update);
-  - the evaluator judges, in place of each sampled answer, a real answer for the same task: one of the shipped
-    solutions (kevin_jax/tasks/builtin_solutions: correct and wrong kernels) or of the warm-start corpus
-    (kevin_jax/data/warm_start_corpus.jsonl: correct, wrong and non-compiling ones). The real evaluator
-    (cuda_eval.api.Evaluator) builds, checks and times them while the policy samples, as it would the policy's.
+  - each response text is the sampled text, closed as a thought, followed by a real answer for the same task: one of
+    the shipped solutions (kevin_jax/tasks/builtin_solutions: correct and wrong kernels) or of the warm-start corpus
+    (kevin_jax/data/warm_start_corpus.jsonl: correct, wrong and non-compiling ones). That answer is parsed, judged
+    by the real evaluator (cuda_eval.api.Evaluator: built, checked and timed while the policy samples), scored and
+    carried into the next prompt, as the policy's own would be.
 
-The turns keep the sampled tokens and log-probs and take the replayed answer's verdict and score, so the rewards and
+The turns keep the sampled tokens and log-probs (the text recorded is the one judged), so the rewards and
 advantages are those of a mix of good and bad kernels and the update is a real update (non-zero gradient) of
 full-length samples. A trajectory's answer of turn t is picked by (trajectory + turn) mod the task's answer qualities
 (correct, wrong, compile error: every task's group mixes them), and within a quality by a hash of the request id.
@@ -25,12 +26,11 @@ import hashlib
 import json
 import logging
 import re
-import threading
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
-from cuda_eval.api import EvalRequest
-from kevin_jax.env.parse import split_thought
+from kevin_jax.env.episode import EpisodeRunner, _request_id
+from kevin_jax.env.parse import THINK_CLOSE, THINK_OPEN, split_thought
 
 log = logging.getLogger(__name__)
 
@@ -84,57 +84,46 @@ def answers_for(source: str, task_ids: Iterable[str]) -> dict[str, dict[str, lis
     return {t: answers[t] for t in task_ids}
 
 
-class ReplayEvaluator:
-    """The evaluator with each request's answer replaced by a replayed one of its task (module docstring). Everything
-    else (mode, gpu_name, device_share, close, ...) is the wrapped evaluator's."""
+class ReplayRunner(EpisodeRunner):
+    """The episode runner whose answers are the sampled text (as a closed thought) followed by a replayed answer of
+    the task: that answer is what is parsed, judged by the real evaluator, scored and carried into the next prompt;
+    the turn keeps the sampled tokens and log-probs (module docstring)."""
 
-    def __init__(self, evaluator: Any, answers: Mapping[str, Mapping[str, Sequence[ReplayAnswer]]]):
-        self.inner = evaluator
+    def __init__(self, answers: Mapping[str, Mapping[str, Sequence[ReplayAnswer]]], *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.answers = answers
-        self._lock = threading.Lock()
         self._replayed: list[dict] = []
 
-    def pick(self, request: EvalRequest) -> ReplayAnswer:
-        by_quality = self.answers.get(request.task_id)
+    def pick(self, task_id: str, request_id: str) -> ReplayAnswer:
+        by_quality = self.answers.get(task_id)
         if not by_quality:
-            raise ValueError(f"no replayed answer for task {request.task_id!r}")
+            raise ValueError(f"no replayed answer for task {task_id!r}")
         qualities = [q for q in QUALITIES if by_quality.get(q)]
-        digest = int.from_bytes(hashlib.sha256(request.request_id.encode()).digest()[:8], "big")
-        found = _TRAJ_TURN.search(request.request_id)
+        digest = int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big")
+        found = _TRAJ_TURN.search(request_id)
         index = int(found.group(1)) + int(found.group(2)) if found else digest
         chosen = by_quality[qualities[index % len(qualities)]]
         return chosen[digest % len(chosen)]
 
-    def _replace(self, requests: Sequence[EvalRequest]) -> list[EvalRequest]:
-        out, picked = [], []
-        for request in requests:
-            answer = self.pick(request)
-            out.append(dataclasses.replace(request, response=answer.text))
-            picked.append({"request_id": request.request_id, "task_id": request.task_id, "quality": answer.quality,
-                           "origin": answer.origin})
-        with self._lock:
-            self._replayed += picked
-        counts = collections.Counter(p["quality"] for p in picked)
-        log.info("replayed %d answers to the evaluator: %s", len(picked),
+    def answer_texts(self, live, round_index: int, texts: list[str]) -> list[str]:
+        out, counts = [], collections.Counter()
+        for lv, text in zip(live, texts):
+            request_id = _request_id(lv.traj, round_index)
+            answer = self.pick(lv.task.task_id, request_id)
+            # the sampled text stays in the record as the thought; tags in it must not end the thought early
+            thought = text.replace(THINK_OPEN, "").replace(THINK_CLOSE, "")
+            out.append(f"{thought}\n{THINK_CLOSE}\n\n{answer.text}")
+            self._replayed.append({"request_id": request_id, "task_id": lv.task.task_id, "quality": answer.quality,
+                                   "origin": answer.origin})
+            counts[answer.quality] += 1
+        log.info("replayed %d answers after the sampled text: %s", len(out),
                  ", ".join(f"{counts[q]} {q}" for q in QUALITIES if counts[q]))
         return out
 
-    def evaluate(self, requests: Sequence[EvalRequest], *args, **kwargs):
-        return self.inner.evaluate(self._replace(requests), *args, **kwargs)
-
-    @property
-    def submit(self):
-        inner = self.inner.submit          # AttributeError without: the caller then uses evaluate (on a thread)
-        return lambda requests: inner(self._replace(requests))
-
     def take_replayed(self) -> list[dict]:
         """The answers replayed since the last call (request id, task, quality, origin)."""
-        with self._lock:
-            out, self._replayed = self._replayed, []
+        out, self._replayed = self._replayed, []
         return out
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 class ReplayTag(logging.Filter):

@@ -1,13 +1,12 @@
 """rl.replay (kevin_jax.env.replay): the tiny CPU config with random weights and the real compile-only evaluator
-(nvcc). The sampled answers are noise; the evaluator judges replayed real answers of each task in their place, so
-kernels build, the scores and advantages are not zero and the update has a gradient."""
+(nvcc). The sampled text is noise; a replayed real answer of each task follows it and is what the evaluator judges,
+so kernels build, the scores and advantages are not zero and the update has a gradient."""
 import json
 import re
 
 import pytest
 
 import trainer_fakes
-from cuda_eval.api import EvalRequest
 from kevin_jax.env import replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.nvcc]
@@ -25,9 +24,9 @@ def test_every_builtin_task_has_answers_of_every_quality():
 
 
 def test_trajectories_of_a_task_replay_every_quality():
-    evaluator = replay.ReplayEvaluator(None, replay.answers_for("builtin", ["L1/1_LeakyReLU"]))
-    picked = [evaluator.pick(EvalRequest("L1/1_LeakyReLU", "", "noise", f"step1/L1/1_LeakyReLU/traj{j}/turn0"))
-              for j in range(3)]
+    runner = replay.ReplayRunner.__new__(replay.ReplayRunner)       # pick needs the answers only
+    runner.answers = replay.answers_for("builtin", ["L1/1_LeakyReLU"])
+    picked = [runner.pick("L1/1_LeakyReLU", f"step1/L1/1_LeakyReLU/traj{j}/turn0") for j in range(3)]
     assert [a.quality for a in picked] == list(replay.QUALITIES)
     assert all(a.task_id == "L1/1_LeakyReLU" and "```python" in a.text for a in picked)
 
@@ -58,6 +57,7 @@ def test_replayed_answers_reach_the_evaluator_and_the_update_has_a_gradient(tmp_
         qualities.add(answer["quality"])
         # random weights never write a kernel that compiles: these verdicts are the replayed answers'
         assert turn["verdict"]["compiled"] is (answer["quality"] != "compile_error"), (answer, turn["verdict"])
+        assert answer["quality"] == "compile_error" or turn["parsed"]["code"]           # the judged answer, parsed
         # compile-only: a kernel that compiled scores rl.compile_only_score (0.3) in the returns, one that did not 0
         if turn["verdict"]["compiled"]:
             assert turn["return"] == pytest.approx(0.3) and turn["advantage"] > 0, turn
