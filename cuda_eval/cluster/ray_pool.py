@@ -139,11 +139,22 @@ class Dispatcher:
     # --- the loop ---------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed:
+            if not ray.is_initialized():   # shut down under us: any Ray call would start a new one
+                self._abort("Ray was shut down before the evaluator was closed")
+                return
             try:
                 self._step()
             except Exception:  # noqa: BLE001 - the loop must survive anything; the log says what
                 log.exception("cuda_eval ray %s dispatcher", self.name)
                 time.sleep(0.5)
+
+    def _abort(self, why: str) -> None:
+        with self._lock:
+            jobs = list(self._queue) + list(self._inflight.values())
+            self._queue.clear()
+            self._inflight.clear()
+        for job in jobs:
+            _fail(job.future, RuntimeError(why))
 
     def _step(self) -> None:
         now = time.monotonic()
