@@ -13,6 +13,8 @@ pytestmark = pytest.mark.slow
 
 CPU = corpus_index.load("cpu")
 BY_NAME = {c.name: c for c in CPU}
+# The LayerNorm pair (rows of 262144 values, a build of its own) runs in its own test, with a longer time limit.
+SHARED = [c for c in CPU if c.task != "cpu_layernorm"]
 
 
 def cpu_config(**kw) -> EvalConfig:
@@ -27,11 +29,11 @@ def cpu_config(**kw) -> EvalConfig:
 @pytest.fixture(scope="module")
 def cpu_results(compile_pool):  # noqa: F811  (the session's compile pool: one g++ build of the shared toolkit)
     with Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
-        results = ev.evaluate([corpus_index.request(c) for c in CPU])
-    return {c.name: r for c, r in zip(CPU, results)}
+        results = ev.evaluate([corpus_index.request(c) for c in SHARED])
+    return {c.name: r for c, r in zip(SHARED, results)}
 
 
-@pytest.mark.parametrize("name", sorted(BY_NAME), ids=str)
+@pytest.mark.parametrize("name", sorted(c.name for c in SHARED), ids=str)
 def test_cpu_candidate_verdict(cpu_results, name):
     cand, r = BY_NAME[name], cpu_results[name]
     flags = {f["code"] for f in r.hack_flags}
@@ -78,13 +80,15 @@ def test_a_shortcut_right_only_on_the_tasks_distribution_fails_the_affine_trials
     ~0, variance ~1) and fails a trial on inputs x * s + m; the honest LayerNorm passes every trial. Without the
     affine trials (affine_trials=0) the shortcut is judged correct: the defence is what catches it."""
     names = ["honest_layernorm", "layernorm_skip_stats"]
-    with Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
+    config = cpu_config(run_timeout_s=120)   # rows of 262144 values: more than the toolkit's tasks
+    with Evaluator(config, compile_pool=compile_pool) as ev:
         honest, shortcut = ev.evaluate([corpus_index.request(BY_NAME[n]) for n in names])
-    assert honest.correct and len(honest.trials) == 5 and all(t["passed"] for t in honest.trials)
+    assert honest.correct, (honest.runtime_error, honest.meta.get("crash"), honest.meta.get("phase_s"))
+    assert len(honest.trials) == 5 and all(t["passed"] for t in honest.trials)
     assert honest.meta["affine_trials"]["ran"] == 2 and honest.meta["affine_trials"]["leaves"] == [0]
     assert shortcut.correct is False and all(t["passed"] for t in shortcut.trials[:3]), shortcut.trials
     assert "affine" in shortcut.trials[-1] and "inputs changed to x *" in shortcut.trials[-1]["message"]
-    with Evaluator(cpu_config(affine_trials=0, spare_workers=1), compile_pool=compile_pool) as ev:
+    with Evaluator(cpu_config(run_timeout_s=120, affine_trials=0), compile_pool=compile_pool) as ev:
         plain = ev.evaluate([corpus_index.request(BY_NAME["layernorm_skip_stats"], "without affine trials")])[0]
     assert plain.correct is True and not plain.hack_flags, (plain.trials, plain.hack_flags)
 
