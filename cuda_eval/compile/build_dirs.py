@@ -27,6 +27,8 @@ def write_private(directory: str, name: str, text: str) -> str:
 
 def write_private_tree(directory: str, files: dict[str, str]) -> None:
     """write_private for {relative path: text}, the sub-directories made as ours (0755)."""
+    if not os.path.isdir(directory) or os.path.islink(directory):
+        _make_private_dir(directory)
     for rel, text in files.items():
         parts = rel.split("/")
         d = directory
