@@ -10,8 +10,10 @@ sources.light_header_text):
   1. a plain kernel and its launch, no torch;
   2. the same launch from a host function over `at::Tensor` (`#include <ATen/core/Tensor.h>` only);
   3. 2 plus one ATen operator header (ATen/ops/empty_like.h: how nearly every candidate allocates its output);
-  4. the candidate's own cuda.cu with its light header, as the build writes it.
-  5. for comparison, the same launch from a unit that includes `<torch/extension.h>` (what load_inline's sources
+  4. the candidate's own cuda.cu with its light header and torch's operator headers;
+  5. the same with the lean operator headers (sources.lean_op_headers: less ATen/Context.h and ATen/DeviceGuard.h),
+     as the build writes it;
+  6. for comparison, the same launch from a unit that includes `<torch/extension.h>` (what load_inline's sources
      include; the light header replaces it).
 Per unit: the lines every front end parses (`g++ -E` with the same includes), the CPU seconds of the whole nvcc
 run (the rusage of the waited-for children: cudafe++, cicc, the host compile ...) and its peak memory: the largest
@@ -31,6 +33,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cuda_eval.compile import sources, toolchain  # noqa: E402
+from cuda_eval.compile.build_dirs import write_private_tree  # noqa: E402
 from cuda_eval.static import static_record  # noqa: E402
 
 KERNEL = """__global__ void add(const float* a, const float* b, float* c, int n) {
@@ -62,8 +65,11 @@ print(proc.returncode, r.ru_utime + r.ru_stime, r.ru_maxrss * 1024)
 """
 
 
-def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[str, str], str]:
-    """{label: .cu source} and the candidate's light header text."""
+LEAN = "with the lean operator headers"
+
+
+def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[str, str], str, dict[str, str]]:
+    """{label: .cu source}, the candidate's light header text and its lean operator headers."""
     specs = static_record.static_record_specs(candidate_path.read_text())
     if not specs:
         raise SystemExit(f"{candidate_path}: its builds cannot be read from its source; pick a plainer candidate")
@@ -71,11 +77,15 @@ def units(candidate_path: pathlib.Path, tc: toolchain.Toolchain) -> tuple[dict[s
     header, why = sources.light_header_text([*spec.cuda_sources, *spec.cpp_sources], tc)
     if header is None:
         raise SystemExit(f"{candidate_path}: no light-header build ({why})")
+    lean = sources.lean_op_headers([*spec.cuda_sources, *spec.cpp_sources], header, tc)
+    if not lean:
+        raise SystemExit(f"{candidate_path}: its sources keep torch's own operator headers; pick a plainer candidate")
     return {"plain kernel, no torch": PLAIN,
             "host function over at::Tensor (ATen/core/Tensor.h)": TENSOR,
             "+ one operator header (ATen/ops/empty_like.h)": TENSOR_OP,
             f"{candidate_path.name}'s cuda.cu with its light header": sources.cuda_cu(spec, light=True),
-            "the launch of 2 under torch/extension.h (no light header)": EXTENSION}, header
+            f"the same {LEAN}": sources.cuda_cu(spec, light=True),
+            "the launch of 2 under torch/extension.h (no light header)": EXTENSION}, header, lean
 
 
 def main(argv=None) -> int:
@@ -93,18 +103,20 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="compile_floor-") as tmp:
         work = pathlib.Path(tmp)
-        unit_texts, header = units(args.candidate, tc)
+        unit_texts, header, lean = units(args.candidate, tc)
         (work / sources.LIGHT_HEADER).write_text(header)
+        write_private_tree(str(work / sources.LEAN_DIR), lean)
         for k, (label, src) in enumerate(unit_texts.items()):
             cu = work / f"unit{k}.cu"
             cu.write_text(src)
-            pre = subprocess.run(["g++", std, "-x", "c++", "-E", str(cu), f"-I{work}", *includes],
+            lean_inc = [f"-I{work / sources.LEAN_DIR}"] if label.endswith(LEAN) else []
+            pre = subprocess.run(["g++", std, "-x", "c++", "-E", str(cu), *lean_inc, f"-I{work}", *includes],
                                  capture_output=True, text=True)
             lines = pre.stdout.count("\n") if pre.returncode == 0 else None
             cpu = peak = None
             if not args.lines_only:
-                proc = subprocess.run([sys.executable, "-c", MEASURE, tc.nvcc, *cuda_flags, f"-I{work}", "-c",
-                                       str(cu), "-o", str(work / "u.o")], capture_output=True, text=True)
+                proc = subprocess.run([sys.executable, "-c", MEASURE, tc.nvcc, *lean_inc, *cuda_flags, f"-I{work}",
+                                       "-c", str(cu), "-o", str(work / "u.o")], capture_output=True, text=True)
                 rc, cpu, peak = proc.stdout.split()
                 if rc != "0":
                     raise SystemExit(f"nvcc failed on {label}:\n{proc.stderr[-3000:]}")

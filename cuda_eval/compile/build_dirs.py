@@ -25,6 +25,22 @@ def write_private(directory: str, name: str, text: str) -> str:
     return path
 
 
+def write_private_tree(directory: str, files: dict[str, str]) -> None:
+    """write_private for {relative path: text}, the sub-directories made as ours (0755)."""
+    if not os.path.isdir(directory) or os.path.islink(directory):
+        _make_private_dir(directory)
+    for rel, text in files.items():
+        parts = rel.split("/")
+        d = directory
+        for part in parts[:-1]:
+            if not part or part in (".", ".."):
+                raise ValueError(f"bad file name {rel!r}")
+            d = os.path.join(d, part)
+            if not os.path.isdir(d) or os.path.islink(d):
+                _make_private_dir(d)
+        write_private(d, parts[-1], text)
+
+
 def _make_private_dir(path: str) -> str:
     os.mkdir(path, 0o755)
     os.chmod(path, 0o755)  # readable by the sandbox uid, writable by us alone (whatever the umask)

@@ -40,12 +40,13 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from cuda_eval.compile.build_dirs import MAX_PRODUCT_BYTES, BuildDirs, write_private
+from cuda_eval.compile.build_dirs import MAX_PRODUCT_BYTES, BuildDirs, write_private, write_private_tree
 from cuda_eval.compile.cache import BuildCache, UnsafeFile, copy_untrusted
 from cuda_eval.compile.glue import BINDING_OBJECT, GLUE_PRELUDE, GLUE_PRELUDE_TEXT, GluePlan, glue_plan
 from cuda_eval.compile.nvcc import Phase, Runner, clean_log, compile_cuda, output_text
 from cuda_eval.compile.pch import PchStore, pch_flags
-from cuda_eval.compile.sources import LIGHT_HEADER, PCH_HEADER, cuda_cu, light_header_text, main_cpp
+from cuda_eval.compile.sources import (LEAN_DIR, LIGHT_HEADER, PCH_HEADER, cuda_cu, lean_op_headers,
+                                      light_header_text, main_cpp)
 from cuda_eval.compile.toolchain import Toolchain
 from cuda_eval.protocol.extension_spec import ExtensionSpec
 from cuda_eval.sandbox import runner as sb
@@ -58,6 +59,7 @@ COMPILE_NICE = 10
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
     light_headers: bool = True       # try the light-header build of cuda sources first (safe: see module doc)
+    lean_op_headers: bool = True     # with the light header, ATen/ops headers less Context.h/DeviceGuard.h (ditto)
     parallel_phases: bool = True     # drive nvcc's host and device chains ourselves, in parallel
     use_pch: bool = True             # precompiled torch/extension.h for main.cpp
     glue_binding: bool = True        # main.cpp as a header-free glue unit + a binding object shared by signature
@@ -197,16 +199,23 @@ class Builder:
         def compile_cu(light_text: str | None) -> tuple[bool, str]:
             light = light_text is not None
             text = cuda_cu(spec, light=light)
+            cuda_cflags = flags["cuda_cflags"]
+            lean = {}
             if light:
                 write_private(dirs.src, LIGHT_HEADER, light_text)
-            key = self._object_key("cuda.o", text + (light_text or ""), flags["cuda_cflags"],
-                                   cfg.host_opt_level or "")
+                if cfg.lean_op_headers:
+                    lean = lean_op_headers(spec.cuda_sources, light_text, tc)
+                if lean:  # found before torch's own (-I precedes -isystem)
+                    write_private_tree(os.path.join(dirs.src, LEAN_DIR), lean)
+                    cuda_cflags = [f"-I{os.path.join(dirs.src, LEAN_DIR)}", *cuda_cflags]
+            key = self._object_key("cuda.o", text + (light_text or "") + json.dumps(lean, sort_keys=True),
+                                   flags["cuda_cflags"], cfg.host_opt_level or "")
             cached = self._from_object_cache(key, "cuda.cuda.o", dirs, phases)
             if cached:
                 objects["cuda"] = cached
                 return True, ""
             obj = os.path.join(dirs.out, "cuda.cuda.o")
-            ok, log = compile_cuda(runner, write_private(dirs.src, "cuda.cu", text), obj, flags["cuda_cflags"],
+            ok, log = compile_cuda(runner, write_private(dirs.src, "cuda.cu", text), obj, cuda_cflags,
                                    toolchain=tc, parallel=cfg.parallel_phases, host_opt_level=cfg.host_opt_level,
                                    phases=phases)
             if ok:

@@ -72,6 +72,7 @@ class CompileConfig:
     max_log_chars: int = 4000                    # compile log shown to the model
     max_errors: int = 8                          # diagnostics kept in that log
     light_headers: bool = True                   # light torch headers for cuda sources (verified, with fallback)
+    lean_op_headers: bool = True                 # the light build's ATen/ops headers without Context/DeviceGuard
     parallel_phases: bool = True                 # nvcc host/device chains in parallel
     pch: str = "background"                      # "background" | "sync" (build before first use) | "off"
     object_cache: bool = True                    # reuse main.o/cuda.o of identical sources
@@ -151,7 +152,8 @@ class CompilePool:
         self.pch_store = PchStore(BuildCache(os.path.join(self.cache_dir, "pch"), config.pch_max_bytes),
                                   self.toolchain, self.work_root, BuildConfig().limits)
         limits = dataclasses.replace(BuildConfig().limits, address_space_bytes=config.compile_address_space_bytes)
-        self.build_config = BuildConfig(light_headers=config.light_headers, parallel_phases=config.parallel_phases,
+        self.build_config = BuildConfig(light_headers=config.light_headers, lean_op_headers=config.lean_op_headers,
+                                        parallel_phases=config.parallel_phases,
                                         use_pch=config.pch != "off", object_cache=config.object_cache,
                                         glue_binding=config.glue_binding,
                                         host_opt_level=config.host_opt_level, max_log_chars=config.max_log_chars,

@@ -4,6 +4,8 @@ diagnostics name the candidate's strings ("cuda_sources[0]:12"); and the light h
 """
 from __future__ import annotations
 
+import functools
+import os
 import re
 from collections.abc import Sequence
 
@@ -12,6 +14,8 @@ from cuda_eval.protocol.extension_spec import ExtensionSpec
 
 PCH_HEADER = "kj_torch_extension.h"
 LIGHT_HEADER = "kj_light_torch.h"
+# Where the light build finds its lean operator headers (`lean_op_headers`): a directory searched before torch's.
+LEAN_DIR = "kj_lean"
 # Sources that need more than the light header gives (python bindings, the C++ frontend, autograd, operator
 # registration, ATen internals, from_blob & co. from ATen/Functions.h): straight to the exact build.
 _NOT_LIGHT = re.compile(r"PYBIND11|pybind11|\bpy::|torch::(nn|autograd|jit|optim|data|serialize|python|Library|"
@@ -32,6 +36,15 @@ _PER_OP_WRAP = """#ifndef AT_PER_OPERATOR_HEADERS
 #undef AT_PER_OPERATOR_HEADERS
 #undef KJ_LIGHT_UNDEF_PER_OP
 #endif"""
+
+
+# Every generated ATen/ops/<op>.h includes ATen/Context.h and ATen/DeviceGuard.h, which nothing in its own
+# definitions uses; with them, a unit with one operator header parses ~230k lines, without them ~150k (as
+# ATen/core/Tensor.h alone), in each of nvcc's three front ends. Sources that might name what those two declare keep
+# them (a guess either way only costs time: the light build is verified, with the exact build as its fallback).
+_LEAN_DROPPED = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/(Context|DeviceGuard)\.h>[ \t]*$", re.M)
+_LEAN_KEEPS_ALL = re.compile(r"Guard|device_of|Context|\bhas[A-Z]\w*|Allocator|[Dd]eterministic|\binit\b")
+_LIGHT_OP_INCLUDE = re.compile(r"^#include <ATen/ops/(\w+)\.h>$", re.M)
 
 
 def line_marker(label: str) -> str:
@@ -93,3 +106,30 @@ def light_header_text(sources: Sequence[str], toolchain: Toolchain) -> tuple[str
     lines.append(_PER_OP_WRAP.format(includes="\n".join(wrapped)))
     lines.append(toolchain.torch_namespace_block)
     return "\n".join(lines) + "\n", ""
+
+
+def lean_op_headers(sources: Sequence[str], light_text: str, toolchain: Toolchain) -> dict[str, str]:
+    """{path under LEAN_DIR: text}: the ATen/ops/<op>.h headers that `light_text` includes (and empty_like.h, which
+    ATen/TensorOperators.h includes) as installed, less their includes of ATen/Context.h and ATen/DeviceGuard.h
+    (`_LEAN_DROPPED`); empty if the sources might use those, or if a header is not where the toolchain says."""
+    if _LEAN_KEEPS_ALL.search("\n".join(sources)):
+        return {}
+    out = {}
+    for op in sorted(set(_LIGHT_OP_INCLUDE.findall(light_text)) | {"empty_like"}):
+        rel = f"ATen/ops/{op}.h"
+        text = _installed_header(toolchain.torch_include, rel)
+        if text is None:
+            return {}
+        out[rel] = _LEAN_DROPPED.sub("", text)
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def _installed_header(include_dirs: tuple[str, ...], rel: str) -> str | None:
+    for d in include_dirs:
+        try:
+            with open(os.path.join(d, rel)) as f:
+                return f.read()
+        except OSError:
+            continue
+    return None

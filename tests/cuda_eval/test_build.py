@@ -86,6 +86,25 @@ def test_light_header_eligibility(toolchain):
 
 
 
+def test_lean_op_headers_drop_context_and_device_guard_only(toolchain):
+    src = "auto y = torch::empty({3}, x.options()); return x + y;"
+    light, _ = sources.light_header_text([src], toolchain)
+    lean = sources.lean_op_headers([src], light, toolchain)
+    # every operator header the light header names, and empty_like.h (ATen/TensorOperators.h includes it)
+    assert set(lean) == {"ATen/ops/empty.h", "ATen/ops/empty_like.h"}
+    for rel, text in lean.items():
+        installed = open(os.path.join(toolchain.torch_include[0], rel)).read()
+        assert "#include <ATen/Context.h>" in installed and "#include <ATen/DeviceGuard.h>" in installed
+        assert "ATen/Context.h" not in text and "ATen/DeviceGuard.h" not in text
+        # the rest exactly as installed, line for line (the dropped includes leave empty lines)
+        assert text.splitlines() == ["" if ln in ("#include <ATen/Context.h>", "#include <ATen/DeviceGuard.h>")
+                                     else ln for ln in installed.splitlines()]
+    # sources that might name what those headers declare keep the installed headers
+    for needs in ["at::DeviceGuard g(x.device());", "const at::cuda::OptionalCUDAGuard g(device_of(x));",
+                  "if (at::hasCUDA()) {}"]:
+        assert sources.lean_op_headers([src + needs], light, toolchain) == {}, needs
+
+
 # --- main.cpp as glue unit + shared binding object -------------------------------------------------------------------
 def glue(cpp, functions=("f",), **kw):
     return spec_from_load_inline(name="ext", cpp_sources=cpp, cuda_sources="__global__ void k() {}",
@@ -289,10 +308,12 @@ def test_object_cache_reuses_unchanged_translation_units(toolchain, sandbox_tmp)
     cache = BuildCache(str(sandbox_tmp / "cache"), 1 << 30)
     builder = Builder(toolchain, cache, config=BuildConfig(use_pch=False))
     first = builder.build(tiny_spec("objc"), str(sandbox_tmp / "b1"), 300)
-    second = builder.build(tiny_spec("objc", TINY_CU.replace("n + 1", "1 + n")), str(sandbox_tmp / "b2"), 300)
+    second = builder.build(tiny_spec("objc", TINY_CU.replace("n + 1", "2 + n")), str(sandbox_tmp / "b2"), 300)
     assert first.ok and second.ok
     assert "main.o (cached)" in [p.name for p in second.phases]
-    assert import_extension("objc", second.so_path).plus_one(1) == 2
+    # the .cu differs: its object is compiled again, never taken from the first build
+    assert "cuda.cuda.o (cached)" not in [p.name for p in second.phases]
+    assert import_extension("objc", second.so_path).plus_one(1) == 3
 
 
 @pytest.mark.nvcc

@@ -68,6 +68,19 @@ def test_compile_error_rebuilds_exactly_and_maps_lines(compile_pool):
     assert module["header_mode"] == "light_failed_exact"  # the verdict comes from the exact build
 
 
+def test_a_source_the_lean_headers_do_not_serve_is_rebuilt_with_all_of_them(compile_pool):
+    """A name that only ATen/Context.h declares (the lean operator headers leave it out): the light build fails on
+    our account, the exact build is the verdict (ok), never a compile error of the candidate's."""
+    task_source, code = candidate_pair("add")
+    needs_context = code.replace("torch::Tensor elementwise_add_cuda(",
+                                 "int lean_gpus() { return (int)at::detail::getCUDAHooks().deviceCount(); }\n\n"
+                                 "torch::Tensor elementwise_add_cuda(", 1)
+    assert needs_context != code
+    out = compile_pool.compile(task_source, needs_context)
+    assert out.ok and out.error_kind is None, out.log
+    assert out.timings["modules"][0]["header_mode"] == "light_failed_exact"
+
+
 def test_config_validation():
     with pytest.raises(ValueError):
         CompileConfig(workers=0)
