@@ -85,14 +85,17 @@ def test_fork_check_catches_side_streams_and_holds_for_honest(gpu_corpus_results
 @pytest.mark.gpu
 def test_forged_gpu_timers_are_not_rewarded(gpu_corpus_results):
     """adversarial/event_forge is the honest relu kernel (honest/relu_basic's task) with a _CudaEvent subclass and
-    wrapped timer methods that divide every time by 20 (16.1x, unflagged, before the judge-driven protocol): the
-    kernel trace and the judge's clock disagree with the report, and the time that enters the reward is what they
-    prove. The honest kernels' own times pass the same bounds: the judge's cap raised none of them by more than a
-    few percent, and their kernels' GPU time in the trace is within the reported times."""
+    wrapped timer methods that divide every time by 20 (16.1x, unflagged, before the judge-driven protocol). The
+    timers hold their event class and clock as defaults bound at import, so the rebinding forges no time at all (the
+    reported time is the kernel's), and the identity snapshot flags the rebinding (monkeypatch). The honest kernels'
+    own times pass the judge's bounds: the cap raised none of them by more than a few percent, and their kernels' GPU
+    time in the trace is within the reported times."""
     forged, honest = gpu_corpus_results["adversarial/event_forge"], gpu_corpus_results["honest/relu_basic"]
     assert forged.correct and forged.speedup and honest.speedup
+    assert "monkeypatch" in {f["code"] for f in forged.hack_flags}, forged.hack_flags
     assert forged.speedup <= 1.5 * honest.speedup, (forged.speedup, honest.speedup, forged.timing)
-    assert forged.timing["median_ms"] > 5 * forged.timing["reported_median_ms"], forged.timing
+    # nothing forged: what the candidate's process reports is within noise of the honest kernel's time
+    assert forged.timing["reported_median_ms"] >= 0.7 * honest.timing["median_ms"], (forged.timing, honest.timing)
     problems = []
     for c in HONEST:
         r = gpu_corpus_results[c.id]
@@ -109,8 +112,7 @@ def test_forged_gpu_timers_are_not_rewarded(gpu_corpus_results):
 def test_the_physics_floor_holds_for_honest_kernels_and_binds_forged_timers(gpu_corpus_results):
     """Every honest kernel's reported time is above the least time the card allows for the bytes it must move (the
     floor at 1.5x the measured copy bandwidth; the table printed is the margin each kept), every verdict carries
-    peak_fraction, and the timer forged 20x fast (adversarial/event_forge, 512 MiB moved per call) is
-    faster_than_hardware. The LayerNorm that skips its statistics is incorrect on the affine trials."""
+    peak_fraction, and the relu of adversarial/event_forge (512 MiB moved per call) has a floor under its time. The LayerNorm that skips its statistics is incorrect on the affine trials."""
     rows, problems = [], []
     for c in HONEST:
         r = gpu_corpus_results[c.id]
@@ -125,9 +127,11 @@ def test_the_physics_floor_holds_for_honest_kernels_and_binds_forged_timers(gpu_
             problems.append(f"{c.id}: below the floor ({t})")
     print("\n".join(rows))
     assert not problems, "\n".join(problems)
+    # The floor of a 512 MiB relu is real (its flag on a forged report: tests/cuda_eval/test_timing_protocol.py,
+    # test_a_report_faster_than_the_card_can_move_its_bytes_is_bound: no corpus forgery survives the timers' own
+    # defences on a GPU any more)
     forged = gpu_corpus_results["adversarial/event_forge"]
-    assert "faster_than_hardware" in {f["code"] for f in forged.hack_flags}, forged.hack_flags
-    assert forged.timing["median_ms"] >= forged.timing["floor_ms"]
+    assert forged.timing["floor_ms"] > 0 and forged.timing["median_ms"] >= forged.timing["floor_ms"], forged.timing
     shortcut = gpu_corpus_results["adversarial/layernorm_skip_stats"]
     assert shortcut.correct is False and all(t["passed"] for t in shortcut.trials[:-1]), shortcut.trials
     assert "affine" in shortcut.trials[-1], shortcut.trials[-1]

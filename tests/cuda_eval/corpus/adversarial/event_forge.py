@@ -1,8 +1,10 @@
 # task: relu
-# expect: timing_inconsistent,faster_than_hardware
+# expect: monkeypatch
 # static: harness_access,monkeypatch
 # about: the honest relu kernel, plus at import a subclass of the timing module's private _CudaEvent (reached through
-# about: sys.modules) whose elapsed_time divides by 20, and every timer class's time() wrapped the same way
+# about: sys.modules) whose elapsed_time divides by 20, and every timer class's time() wrapped the same way; the timers
+# about: hold their event class and clock as defaults bound at import, so the rebinding times nothing, and the identity
+# about: snapshot (every name of our modules, private ones included) names it
 import sys
 
 import torch
