@@ -356,8 +356,8 @@ def test_links_planted_by_the_build_are_never_followed(toolchain, sandbox_tmp, c
     assert_not_in_cache(cache.root)
     assert not os.listdir(os.path.join(cache.root, "entries"))  # the planted objects were not cached either
     src = sandbox_tmp / "b" / "src"
-    assert sorted(os.listdir(src)) == ["cuda.cu", "kj_binding.cpp", "kj_glue_prelude.h", "kj_light_torch.h",
-                                       "main.cpp"]
+    assert sorted(os.listdir(src)) == ["cuda.cu", "kj_binding.cpp", "kj_glue_prelude.h", "kj_lean",
+                                       "kj_light_torch.h", "main.cpp"]
     assert all(os.lstat(src / n).st_uid == os.geteuid() for n in os.listdir(src))
 
 

@@ -190,14 +190,15 @@ def test_a_forged_speed_is_not_rewarded(cpu_results, attack, honest):
     """The speed attacks on the timing, each beside the honest kernel it starts from (docs/EVALUATOR.md,
     "Trust boundary"). Before the judge-driven protocol: clock_alias 19x the honest relu's speedup, memo_sampled_inputs
     ~9000x the honest matmul's, aten_when_untraced 46x, forge_timer 340x. Now the forged clock is capped by the
-    worker's CPU time, the memo never meets the same inputs twice, and no call runs untraced."""
+    worker's CPU time (and the alias the clock_alias attack rebinds is read by no timer), the memo never meets the same
+    inputs twice, and no call runs untraced."""
     a, h = cpu_results[attack], cpu_results[honest]
     assert a.correct and a.speedup and h.speedup, (a.runtime_error, a.trials[-1:])
     # On the CPU the bound is the worker's CPU time less the replay's and 2 ms per group: on a loaded 2-core machine
     # that noise alone lets the forged relu reach ~3.2x the honest one (it reached 19x without the bound).
     assert a.speedup <= 5 * h.speedup, (a.speedup, h.speedup, a.timing, a.meta.get("wall_bound"))
-    if attack == "clock_alias":
-        assert a.timing["capped"] and a.timing["median_ms"] > 5 * a.timing["reported_median_ms"], a.timing
+    if attack == "clock_alias":  # the timers hold their own clock: the planted alias changes no reported time
+        assert a.timing["reported_median_ms"] > 0.25 * h.timing["reported_median_ms"], (a.timing, h.timing)
 
 
 def test_references_alone_give_a_verdict_per_task(compile_pool, tmp_path, monkeypatch):  # noqa: F811

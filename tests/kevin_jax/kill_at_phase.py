@@ -9,7 +9,8 @@ Takes launch/train.py's flags and runs its main. Phases: "sampling" (after the s
 "evaluation" (once the step's first batch of answers is handed to the evaluator, with it in flight), "update"
 (between the step's two optimiser updates), "checkpoint" (right after the step's checkpoint write began; with
 ckpt.async_save, while it is being written). The product has no kill switch: `KillAt.install` wraps the trainer's
-pieces from outside (kevin_jax.train.run_episodes to know the step; SamplerPolicy.generate, the evaluator,
+pieces from outside (kevin_jax.train.run_episodes to know the step; SamplerPolicy.generate and its stream's advance,
+the evaluator,
 Updater.update and Checkpointer.save for the phases). tests/kevin_jax/trainer_driver.py uses it the same way.
 """
 from __future__ import annotations
@@ -68,6 +69,8 @@ class KillAt:
         train.run_episodes = run_episodes_of_step
         train.make_evaluator = lambda spec: self.wrap_evaluator(make_evaluator(spec))
         policy.SamplerPolicy.generate = after(policy.SamplerPolicy.generate, "sampling")
+        # with env.stream_rounds the rounds are decoded through the policy's stream, not `generate`
+        policy.PolicyStreamOfSampler.advance = after(policy.PolicyStreamOfSampler.advance, "sampling")
         state.Updater.update = after(state.Updater.update, "update")
         checkpoint.Checkpointer.save = after(checkpoint.Checkpointer.save, "checkpoint")
 
