@@ -18,11 +18,18 @@
     # the per-kernel profile of each task's best kernel (kernels, launch configuration, registers, spills,
     # occupancy, bytes and FLOPs over its time; cuda_eval.api.profile_breakdown) in <out>/kernel_profiles.txt
     python launch/eval.py --config=... --checkpoint=... --out=... --profile
+    # a Hugging Face checkpoint directory a user brings (Kevin-32B's float32 shards, or bf16 ones): streamed onto the
+    # GPUs shard by shard, tensor by tensor, cast to bf16 on the way; Kevin's protocol: 16 trajectories x 8 turns
+    python launch/eval.py --config=configs/kevin32b.py --checkpoint=/ckpt/Kevin-32B --out=/ckpt/kevin32b-eval \
+        --config.tasks.kernelbench_dir=/data/KernelBench --trajectories=16 --turns=8
     # test-time beam search: keep the 4 best of 16 trajectories after every turn, copy each 4 times
     python launch/eval.py --config=... --checkpoint=... --out=... --beam_width=4 --beam_block_turns=1
 
 Without --checkpoint the config's starting policy is evaluated (its HF checkpoint, or its shape's seeded init and
-warm start). Trajectories, turns, sampling and evaluator settings come from the config (--config.env.*,
+warm start). An HF checkpoint directory as --checkpoint is evaluated as it is: its config.json is the architecture
+(checked against the config's model.shape or model.hf_checkpoint when it names one; configs/kevin32b.py names none),
+a bad path, a missing shard or tensor, or another architecture is an error before any device work. Trajectories,
+turns (or --trajectories / --turns), sampling and evaluator settings come from the config (--config.env.*,
 --config.sampler.*, --config.eval.*). Outputs in --out: table.txt, metrics.json, trajectories.jsonl, tensorboard/,
 turns.png, best_at_k.png, fixed_budget.png.
 """
@@ -41,8 +48,8 @@ from kevin_jax import run_config  # noqa: E402  (no jax: the GPU placement is se
 _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(REPO_ROOT, "configs", "one_gpu.py"),
                                           "Run config (the one the policy was trained with).", lock_config=True)
 _OUT = flags.DEFINE_string("out", "", "Output directory.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir (or its checkpoints/ dir) to evaluate; empty: "
-                                  "the config's starting policy.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir (or its checkpoints/ dir), or a Hugging Face "
+                                  "checkpoint directory, to evaluate; empty: the config's starting policy.")
 _STEP = flags.DEFINE_integer("step", -1, "Checkpoint step (-1: the newest).")
 _PART = flags.DEFINE_enum("part", "holdout", ["holdout", "train", "all"], "Which tasks of the split.")
 _TASKS = flags.DEFINE_list("tasks", [], "Explicit task ids, e.g. L1/1_LeakyReLU (overrides --part).")
@@ -58,6 +65,10 @@ _BEAM_BLOCK = flags.DEFINE_integer("beam_block_turns", 1, "Beam search: turns be
 _COMPILE = flags.DEFINE_bool("torch_compile_baseline", False, "Also report speedups over torch.compile(reference).")
 _EXPORT = flags.DEFINE_string("export_prompts", "", "Write the selected tasks' first-turn prompts here and stop.")
 _TITLE = flags.DEFINE_string("title", "", "Report title.")
+_TRAJECTORIES = flags.DEFINE_integer("trajectories", 0, "Trajectories per task (0: the config's "
+                                     "env.num_trajectories; Kevin's evaluation: 16).", lower_bound=0)
+_TURNS = flags.DEFINE_integer("turns", 0, "Turns per trajectory (0: the config's env.num_turns; Kevin trains with 4 "
+                              "and evaluates with 8).", lower_bound=0)
 _PROFILE = flags.DEFINE_bool("profile", False, "Profile every correct kernel after its verdict (advisory, never a "
                               "score) and report the per-kernel breakdown of each task's best kernel: "
                               "<out>/kernel_profiles.txt, also appended to table.txt.")
@@ -134,7 +145,8 @@ def main(argv):
             tasks=tuple(_TASKS.value), seed=_SEED.value, ks=_ints(_KS.value, "ks"),
             budgets=_ints(_BUDGETS.value, "budgets"), rescore=_RESCORE.value, reevaluate=_REEVALUATE.value,
             external=_EXTERNAL.value, beam_width=_BEAM_WIDTH.value, beam_block_turns=_BEAM_BLOCK.value,
-            torch_compile_baseline=_COMPILE.value, export_prompts=_EXPORT.value, title=_TITLE.value)
+            torch_compile_baseline=_COMPILE.value, export_prompts=_EXPORT.value, title=_TITLE.value,
+            num_trajectories=_TRAJECTORIES.value, num_turns=_TURNS.value)
         if options.export_prompts:
             pipeline.export_prompts(config, options)
         elif _PROFILES.value:

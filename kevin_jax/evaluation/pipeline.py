@@ -1,8 +1,9 @@
 """One evaluation, start to finish (launch/eval.py parses flags and calls `run`).
 
 Where the trajectories come from (exactly one):
-  policy       sample the policy (a training checkpoint, or the config's starting policy) on the selected tasks:
-               env.num_trajectories x env.num_turns per task, optionally as a beam search (BeamConfig)
+  policy       sample the policy (a training checkpoint, a Hugging Face checkpoint directory, or the config's
+               starting policy) on the selected tasks: env.num_trajectories x env.num_turns per task (or the
+               options' counts; Kevin's protocol: 16 x 8), optionally as a beam search (BeamConfig)
   rescore      saved trajectories: metrics from their saved verdicts, scores recomputed under config.reward
   reevaluate   saved trajectories: every response evaluated again by cuda_eval (e.g. after changing its tolerance)
   external     responses produced elsewhere (external.py's JSONL)
@@ -48,8 +49,9 @@ class EvalOptions:
     """What an evaluation does beyond the run config (launch/eval.py's flags).
 
     out_dir: where every output goes.
-    checkpoint: a training workdir (or its checkpoints/ dir) whose policy to evaluate; "" = the config's starting
-      policy (config.model.hf_checkpoint, or model.shape's init + the configured warm start).
+    checkpoint: a training workdir (or its checkpoints/ dir) whose policy to evaluate, or a Hugging Face checkpoint
+      directory (policy_source.hf_checkpoint_config); "" = the config's starting policy (config.model.hf_checkpoint,
+      or model.shape's init + the configured warm start).
     step: checkpoint step (-1 = the newest).
     part: which tasks of the split: "holdout" (default; the checkpoint's own split when it has one), "train", "all".
     tasks: explicit task ids (overrides part).
@@ -60,6 +62,7 @@ class EvalOptions:
     torch_compile_baseline: also time torch.compile(reference) and report speedups over it side by side.
     export_prompts: write the selected tasks' first-turn prompts to this JSONL and stop (for --external runs).
     title: the report's title (default: describes the source).
+    num_trajectories, num_turns: trajectories per task and turns per trajectory (0 = the config's env values).
     """
     out_dir: str
     checkpoint: str = ""
@@ -77,8 +80,12 @@ class EvalOptions:
     torch_compile_baseline: bool = False
     export_prompts: str = ""
     title: str = ""
+    num_trajectories: int = 0
+    num_turns: int = 0
 
     def __post_init__(self):
+        if self.num_trajectories < 0 or self.num_turns < 0:
+            raise ValueError("num_trajectories and num_turns must be >= 0 (0 = the config's env values)")
         if self.part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {self.part!r}")
         sources = [name for name in ("rescore", "reevaluate", "external") if getattr(self, name)]
@@ -166,7 +173,8 @@ def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task]
     if tokenizer is None:
         tokenizer = policy_init.run_tokenizer(spec)
     description, step, checkpoint_split, run_dir = "policy given by the caller", 0, None, None
-    if options.checkpoint:
+    training_checkpoint = bool(options.checkpoint) and not _is_hf_checkpoint(options.checkpoint)
+    if training_checkpoint:
         from kevin_jax.evaluation.policy_source import checkpoints_dir
         directory = checkpoints_dir(options.checkpoint)
         run_dir = directory.parent if directory.name == "checkpoints" else None
@@ -177,7 +185,7 @@ def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task]
 
         policy_init.check_vocabulary(tokenizer, policy_init.architecture(spec))
         mesh = parallel.make_mesh(spec.mesh)
-        if options.checkpoint:
+        if training_checkpoint:
             loaded = policy_source.restore_checkpoint(spec, mesh, options.checkpoint,
                                                       None if options.step < 0 else options.step)
             checkpoint_split = loaded.split
@@ -189,7 +197,9 @@ def sample_policy(spec: RunSpec, options: EvalOptions, all_tasks: Sequence[Task]
         policy = SamplerPolicy(loaded.model, spec.sampler, tokenizer=tokenizer, mesh=mesh)
     split, split_from = resolve_eval_split(all_tasks, spec, checkpoint_split, run_dir)
     tasks = pick_tasks(all_tasks, options, split)
-    env_config = dataclasses.replace(spec.env, max_response_tokens=spec.max_response_tokens(step))
+    env_config = dataclasses.replace(spec.env, max_response_tokens=spec.max_response_tokens(step),
+                                     num_trajectories=options.num_trajectories or spec.env.num_trajectories,
+                                     num_turns=options.num_turns or spec.env.num_turns)
     if options.beam_width:
         BeamConfig(options.beam_width, options.beam_block_turns).check(env_config.num_trajectories,
                                                                        env_config.num_turns)
@@ -242,6 +252,11 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
     `policy` and `tokenizer` may be passed in (tests, notebooks); by default they are built from the config."""
     if not options.out_dir:
         raise ValueError("an output directory is required (--out)")
+    if options.checkpoint and not Path(options.checkpoint).is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {Path(options.checkpoint).absolute()}")
+    if options.checkpoint and _is_hf_checkpoint(options.checkpoint):
+        from kevin_jax.evaluation.policy_source import hf_checkpoint_config
+        config = hf_checkpoint_config(config, options.checkpoint)      # before any device work: a bad one fails here
     spec = parse_config(config)
     if options.torch_compile_baseline:
         spec.eval = dataclasses.replace(spec.eval, ref_compile=True)
@@ -301,6 +316,11 @@ def run(config: Any, options: EvalOptions, *, evaluator: Any = None, policy: Any
                                               mode=mode, parallel_samples=not dependent)
     meta.update(gpu_names=_gpu_names(trajectories), config=as_dict(config), num_trajectories=len(trajectories))
     return write_outputs(out_dir, metrics, trajectories, meta, input_report, beam, options.title or _title(meta))
+
+
+def _is_hf_checkpoint(path: str) -> bool:
+    from kevin_jax.model.hf import is_checkpoint_dir
+    return is_checkpoint_dir(path)
 
 
 def is_beam_search(trajectories: Sequence[Trajectory]) -> bool:

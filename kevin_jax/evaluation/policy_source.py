@@ -1,5 +1,11 @@
-"""The policy an evaluation samples from: a training run's orbax checkpoint, or the config's starting policy (its HF
-checkpoint, or a named shape's seeded init followed by the configured warm start), exactly as the trainer builds it.
+"""The policy an evaluation samples from: a training run's orbax checkpoint, a Hugging Face checkpoint directory a user
+brings (e.g. Kevin-32B's float32 shards), or the config's starting policy (its HF checkpoint, or a named shape's seeded
+init followed by the configured warm start), exactly as the trainer builds it.
+
+An HF checkpoint directory given as the checkpoint becomes the config's model.hf_checkpoint (hf_checkpoint_config):
+its config.json is the architecture, checked against the one the config names (a mismatch is an error naming the
+differing fields), and it is streamed onto the mesh tensor by tensor (kevin_jax.model.hf.load_hf_params), cast to the
+compute dtype on the devices.
 
 A kevin_jax checkpoint is restored parameters-only (the optimiser state stays on disk) after its stored shapes are
 compared with the architecture the config describes: a mismatch is an error that names the differing parameters and,
@@ -7,9 +13,11 @@ when the run directory has one, the model section of the run's own config.json.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,7 +27,7 @@ from etils import epath
 from flax import nnx
 
 from kevin_jax import checkpoint as ckpt_lib
-from kevin_jax.model import qwen2
+from kevin_jax.model import hf, qwen2, shapes
 from kevin_jax.policy_init import abstract_state, architecture, starting_params
 from kevin_jax.rl import state as rl_state
 from kevin_jax.run_config import RunSpec
@@ -50,8 +58,78 @@ def checkpoints_dir(path: str | Path) -> Path:
         return path / "checkpoints"
     if any(p.name.isdigit() for p in path.iterdir()):
         return path
-    raise FileNotFoundError(f"{path} holds no checkpoint (expected a training workdir with checkpoints/, or the "
-                            f"checkpoints/ directory itself)")
+    raise FileNotFoundError(f"{path} holds no checkpoint (expected a training workdir with checkpoints/, the "
+                            f"checkpoints/ directory itself, or a Hugging Face checkpoint directory: config.json and "
+                            f"{hf.SINGLE_FILE}, or {hf.INDEX_FILE} and its shards)")
+
+
+# The fields of config.json that decide the computation (not the token ids or the informational context length).
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
+
+
+def architecture_differences(expected: shapes.Qwen2Config, found: shapes.Qwen2Config) -> list[str]:
+    return [f"{name}: config {getattr(expected, name)!r}, checkpoint {getattr(found, name)!r}"
+            for name in ARCHITECTURE_FIELDS if getattr(expected, name) != getattr(found, name)]
+
+
+def hf_checkpoint_config(config: Any, directory: str | os.PathLike) -> Any:
+    """A copy of the run config (ConfigDict) that evaluates the HF checkpoint `directory` as it is.
+
+    The directory is checked first without reading its tensors (hf.inspect_checkpoint: config.json, index, shards,
+    tensor names, shapes and dtypes). Its config.json is the architecture: when the config names one
+    (model.shape, or a model.hf_checkpoint such as the base model it was trained from), every architecture field
+    must match, else CheckpointMismatchError names the differences. model.hf_checkpoint becomes the directory
+    (tokenizer.path="model" then reads its tokenizer files; without any, the config's former checkpoint's); the
+    parameters are stored in the compute dtype (model.dtype: what the sampler reads; a float32 master copy serves
+    only training), cast on the devices as each tensor arrives; no warm start is applied.
+    """
+    directory = os.path.abspath(os.fspath(directory))
+    info = hf.inspect_checkpoint(directory)
+    model = config.model
+    if model.shape:
+        expected, named = shapes.named_config(model.shape), f"model.shape={model.shape!r}"
+    elif model.hf_checkpoint and os.path.abspath(model.hf_checkpoint) != directory:
+        expected, named = shapes.from_hf_config(model.hf_checkpoint), f"model.hf_checkpoint={model.hf_checkpoint}"
+    else:
+        expected, named = None, ""
+    if expected is not None:
+        problems = architecture_differences(expected, info.config)
+        if problems:
+            raise CheckpointMismatchError(
+                f"checkpoint {directory} is not the architecture the config names ({named}): " + "; ".join(problems) +
+                "\nevaluate it with a config of its architecture, or take the architecture from its config.json: "
+                "--config.model.shape= (empty)")
+    out = copy.deepcopy(config)
+    former = model.hf_checkpoint
+    out.model.shape = ""
+    out.model.hf_checkpoint = directory
+    if config.tokenizer.path == "model" and not _has_tokenizer(directory):
+        if not former or not _has_tokenizer(former):
+            raise FileNotFoundError(f"checkpoint {directory} has no tokenizer files (tokenizer.json or vocab.json) "
+                                    f"and tokenizer.path='model' reads them from it: give "
+                                    f"--config.tokenizer.path=<a directory with the model's tokenizer files>")
+        out.tokenizer.path = former
+        log.info("checkpoint %s has no tokenizer files: using those of %s", directory, former)
+    if model.param_dtype != model.dtype:
+        out.model.param_dtype = model.dtype
+    if config.warm_start.steps:
+        out.warm_start.steps = 0
+        log.info("evaluating %s as it is: the config's warm start (%d steps) is not applied", directory,
+                 config.warm_start.steps)
+    log.info("HF checkpoint %s: %d shard file(s), %.2f GB of %s tensors, %s; loaded as %s", directory, info.files,
+             info.tensor_bytes / 1e9, "/".join(info.dtypes), _describe(info.config), out.model.param_dtype)
+    return out
+
+
+def _has_tokenizer(directory: str) -> bool:
+    return any(os.path.exists(os.path.join(directory, f)) for f in ("tokenizer.json", "vocab.json"))
+
+
+def _describe(config: shapes.Qwen2Config) -> str:
+    return (f"{config.param_count() / 1e9:.2f}B parameters ({config.num_hidden_layers} layers, hidden "
+            f"{config.hidden_size}, vocabulary {config.vocab_size}, "
+            f"{'tied' if config.tie_word_embeddings else 'untied'} LM head)")
 
 
 def _names(path) -> tuple[str, ...]:

@@ -323,6 +323,46 @@ def check_checkpoint(config: Qwen2Config, reader: _Reader) -> None:
                                   f"Qwen2 checkpoint holds {', '.join(_SAFETENSORS_DTYPES)}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What inspect_checkpoint found: the architecture (config.json), the tensors' dtypes in the files, shard files
+    and bytes of tensor data."""
+    config: Qwen2Config
+    dtypes: tuple[str, ...]
+    files: int
+    tensor_bytes: int
+
+
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    """A directory laid out as a Hugging Face checkpoint (config.json, model.safetensors or its index)."""
+    path = os.fspath(path)
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, name))
+                                       for name in ("config.json", SINGLE_FILE, INDEX_FILE))
+
+
+def inspect_checkpoint(directory: str | os.PathLike) -> CheckpointInfo:
+    """Checks an HF Qwen2 checkpoint directory without reading its tensors' data (so that a bad one fails before any
+    device work): config.json describes a Qwen2 model, every shard the index names exists and is a safetensors file,
+    every tensor the architecture needs is there with its shape and a float dtype, and nothing else is."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise CheckpointError(f"checkpoint {directory} has no config.json (a Hugging Face checkpoint directory holds "
+                              f"config.json and {SINGLE_FILE}, or {INDEX_FILE} and the shards it lists)")
+    config = from_hf_config(directory)
+    reader = _Reader(directory, _weight_map(directory))
+    try:
+        check_checkpoint(config, reader)
+        names = [n for n in reader.weight_map if not n.endswith(_IGNORED_SUFFIXES)]
+        nbytes = sum(int(np.prod(reader.shape(n), dtype=np.int64)) *
+                     np.dtype(_SAFETENSORS_DTYPES[reader.dtype(n)]).itemsize for n in names)
+        dtypes = tuple(sorted({reader.dtype(n) for n in names}))
+    finally:
+        reader.close()
+    return CheckpointInfo(config, dtypes, len(set(reader.weight_map.values())), nbytes)
+
+
 def _state_shapes(state) -> dict[tuple[str, ...], tuple[int, ...]]:
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
     return {qwen2.param_path(path): tuple(leaf.shape) for path, leaf in leaves}

@@ -1,14 +1,17 @@
 """A Hugging Face Qwen2 checkpoint directory with random weights, laid out as a user's download of the model is.
 
     python scripts/write_hf_checkpoint.py --shape qwq_32b --out /ckpt/qwq32b-random     # 65.5 GB, 14 shards
+    python scripts/write_hf_checkpoint.py --like kevin32b --out /ckpt/kevin32b-random   # 131 GB float32, 29 shards
 
 What a user brings with `--config.model.hf_checkpoint=<dir>`, minus the trained values: config.json,
 generation_config.json, model-0000k-of-0000n.safetensors shards with model.safetensors.index.json, and the tokenizer
 files. For qwq_32b the JSON files carry Qwen/QwQ-32B's published values and the shards follow transformers'
 save_pretrained rule at its "5GB" limit (5 * 10^9 bytes; tensors in the model's state_dict order, a new file when the
 next tensor would cross the limit), which gives QwQ-32B's 14 files and its index total_size of 65,527,752,704 bytes
-(the real index was not available to compare file by file). Tokenizer: the real Qwen vocabulary with QwQ-32B's chat
-template (kevin_jax.model.tokenizer.write_qwq_tokenizer), the built-in one, or none.
+(the real index was not available to compare file by file). Kevin-32B's public weights are the same architecture
+saved in float32 (dtype="float32": QwQ-32B's config.json with torch_dtype float32, 131,055,505,408 bytes of tensors,
+29 shards by the same rule; its own index was not available to compare either). Tokenizer: the real Qwen
+vocabulary with QwQ-32B's chat template (kevin_jax.model.tokenizer.write_qwq_tokenizer), the built-in one, or none.
 
 Fast and lean: the files are created at their final size with their safetensors headers, then worker processes fill
 them with os.pwrite, in pieces of at most PIECE_VALUES values, each drawn from its own seed (seed, tensor, piece), so
@@ -143,8 +146,8 @@ def parse_size(text: str) -> int:
 
 
 def hf_config_json(shape: str | None, config: Qwen2Config, dtype: str) -> dict:
-    if shape == "qwq_32b" and dtype == "bfloat16":
-        return dict(QWQ_32B_CONFIG_JSON)
+    if shape == "qwq_32b":             # QwQ-32B's own; in float32 what a fine-tune of it saved in float32 carries
+        return dict(QWQ_32B_CONFIG_JSON, torch_dtype=dtype)
     return to_hf_config(config, torch_dtype=dtype)
 
 

@@ -167,6 +167,10 @@ def from_hf_config(source: Mapping[str, Any] | str | os.PathLike) -> Qwen2Config
     model_type = hf.get("model_type", "qwen2")
     if model_type != "qwen2":
         raise ValueError(f"{where}: model_type={model_type!r}; only 'qwen2' (Qwen2/Qwen2.5/QwQ) is supported")
+    architectures = hf.get("architectures") or ["Qwen2ForCausalLM"]
+    if "Qwen2ForCausalLM" not in architectures:
+        raise ValueError(f"{where}: architectures={architectures}; only Qwen2ForCausalLM (a causal LM's weights with "
+                         f"its LM head) is supported")
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{where}: hidden_act={act!r}; Qwen2 uses 'silu'")
