@@ -112,6 +112,39 @@ def test_host_memory_stays_bounded(checkpoint, mesh4):
     assert sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(state)) == MODEL_BYTES
 
 
+@pytest.fixture(scope="module")
+def checkpoint_f32(tmp_path_factory):
+    """The same shape in Kevin-32B's file layout: float32 tensors (twice the bytes of each), several shards."""
+    directory = tmp_path_factory.mktemp("random_ckpt_f32") / "ckpt"
+    stats = write_random_checkpoint(directory, CONFIG, seed=3, workers=1, max_shard_bytes=10_000_000,
+                                    dtype="float32", tokenizer="none", fsync=False)
+    assert stats.files == 5 and stats.tensor_bytes == 2 * MODEL_BYTES
+    return str(directory)
+
+
+def test_host_memory_stays_bounded_reading_float32_shards(checkpoint_f32, mesh4):
+    """Float32 files cast to bf16 parameters: the host holds the files' float32 slices (the cast runs on the
+    devices), counted against the budget at their file size, under load as above."""
+    options = qwen2.ModelOptions(param_dtype="bfloat16")
+    largest = 2 * LARGEST_BYTES
+    budget = 3 * largest
+    hf.load_hf_params(checkpoint_f32, options, mesh=mesh4, max_host_bytes=budget)     # compiles outside
+    with cpu_hogs(2 * (os.cpu_count() or 1)):
+        tracemalloc.start()
+        try:
+            _, state, stats = hf.load_hf_params(checkpoint_f32, options, mesh=mesh4, max_host_bytes=budget,
+                                                read_threads=4)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert stats.largest_tensor_bytes == largest and stats.bytes_read == 2 * MODEL_BYTES
+    assert largest <= stats.peak_host_bytes <= budget
+    # the float32 model is 48 MB; one MLP parameter of every layer 12 MB
+    assert peak < budget + BOOKKEEPING_BYTES < 2 * MODEL_BYTES / 8, (peak, budget, MODEL_BYTES)
+    assert all(leaf.dtype == np.dtype("bfloat16") for leaf in jax.tree_util.tree_leaves(state))
+    assert sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(state)) == MODEL_BYTES
+
+
 def test_the_memory_measurement_sees_a_whole_model(checkpoint):
     """The bound above can fail: reading every tensor before placing any (what a naive loader does) shows up."""
     from safetensors.numpy import load_file

@@ -47,6 +47,24 @@ def test_qwq_32b_names_shapes_and_shards_match_transformers():
     assert split.metadata["total_size"] == 65_527_752_704 == 2 * config.param_count()
 
 
+def test_kevin_32b_float32_layout_matches_transformers():
+    """Kevin-32B's public weights: QwQ-32B's architecture saved in float32 at the same "5GB" limit: 29 files,
+    131,055,505,408 bytes, as transformers splits a float32 state_dict."""
+    import torch
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    config = named_config("qwq_32b")
+    state_dict = _meta_state_dict(rc.QWQ_32B_CONFIG_JSON)
+    state_dict = {name: t.to(torch.float32) for name, t in state_dict.items()}
+    ours = rc.hf_tensor_shapes(config)
+    split = split_torch_state_dict_into_shards(state_dict, max_shard_size="5GB")
+    groups = rc.shard_plan([(name, 4 * int(np.prod(shape))) for name, shape in ours], rc.HF_MAX_SHARD_BYTES)
+    names = rc.shard_file_names(len(groups))
+    assert len(names) == 29 and names[-1] == "model-00029-of-00029.safetensors"
+    assert {n: f for f, group in zip(names, groups) for n in group} == split.tensor_to_filename
+    assert split.metadata["total_size"] == 131_055_505_408 == 4 * config.param_count()
+
+
 def test_shard_plan_is_huggingface_hubs():
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
@@ -140,6 +158,23 @@ def test_qwq_files_for_the_qwq_shape(tmp_path, monkeypatch):
     assert tok.render_chat([{"role": "user", "content": "hi"}]).endswith("<|im_start|>assistant\n<think>\n")
 
 
+def test_kevin_32b_files_are_float32_with_qwq_config(tmp_path, monkeypatch):
+    """--like kevin32b: the qwq_32b shape's files in float32, its config.json QwQ-32B's with torch_dtype float32."""
+    small = named_config("qwq_32b").replace(num_hidden_layers=1, hidden_size=8, intermediate_size=16,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    monkeypatch.setattr(rc, "named_config", lambda name: small)
+    stats = rc.write_random_checkpoint(tmp_path / "k", "qwq_32b", workers=1, max_shard_bytes=3 * 10**6,
+                                       dtype="float32", fsync=False)
+    assert json.loads((tmp_path / "k" / "config.json").read_text()) == {**rc.QWQ_32B_CONFIG_JSON,
+                                                                       "torch_dtype": "float32"}
+    assert stats.tensor_bytes == 4 * small.param_count() and stats.files == 3
+    index = json.loads((tmp_path / "k" / "model.safetensors.index.json").read_text())
+    for name in set(index["weight_map"].values()):
+        with open(tmp_path / "k" / name, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"F32"}
+
+
 def test_bad_requests_are_refused(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
@@ -166,3 +201,9 @@ def test_script_prints_its_table_and_fails_clearly(tmp_path):
     again = subprocess.run([sys.executable, script, "--shape", "tiny", "--out", str(tmp_path / "t")],
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "not an empty directory" in again.stderr
+    for args, message in ((["--like", "kevin32b", "--dtype", "bfloat16"], "--like kevin32b is float32"),
+                          (["--like", "kevin32b", "--shape", "tiny"], "give one of --shape and --like"),
+                          ([], "give one of --shape and --like")):
+        bad = subprocess.run([sys.executable, script, *args, "--out", str(tmp_path / "u")], capture_output=True,
+                             text=True, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
