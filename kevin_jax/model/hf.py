@@ -334,10 +334,19 @@ class CheckpointInfo:
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:
-    """A directory laid out as a Hugging Face checkpoint (config.json, model.safetensors or its index)."""
+    """A directory laid out as a Hugging Face checkpoint: model.safetensors or its index, or a config.json of a
+    model (model_type / architectures; a training workdir's config.json is the run config)."""
     path = os.fspath(path)
-    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, name))
-                                       for name in ("config.json", SINGLE_FILE, INDEX_FILE))
+    if not os.path.isdir(path):
+        return False
+    if os.path.exists(os.path.join(path, SINGLE_FILE)) or os.path.exists(os.path.join(path, INDEX_FILE)):
+        return True
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
 
 
 def inspect_checkpoint(directory: str | os.PathLike) -> CheckpointInfo:

@@ -160,9 +160,23 @@ def test_bad_checkpoints_are_clear_errors_before_any_device_work(checkpoints, tm
     (no_config / "config.json").unlink()
     assert "has no config.json" in _error(config, no_config, tmp_path)
 
+    no_weights = tmp_path / "no_weights"                     # config.json alone (e.g. pytorch_model.bin only)
+    no_weights.mkdir()
+    shutil.copy(f32 / "config.json", no_weights / "config.json")
+    assert "neither model.safetensors nor model.safetensors.index.json found" in _error(config, no_weights, tmp_path)
+
     other_shape = _copy(f32, tmp_path / "other_shape")       # config.json says 3 layers, the shards hold 2
     (other_shape / "config.json").write_text(json.dumps({**hf_config, "num_hidden_layers": 3}))
     assert "lacks tensors the config needs: model.layers.2." in _error(config, other_shape, tmp_path)
+
+
+def test_what_counts_as_an_hf_checkpoint_directory(checkpoints, tmp_path):
+    f32, _ = checkpoints
+    assert hf.is_checkpoint_dir(f32) and not hf.is_checkpoint_dir(tmp_path / "nope")
+    workdir = tmp_path / "run"                               # a training workdir: its config.json is the run config
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(tiny_cpu.get_config().to_dict()))
+    assert not hf.is_checkpoint_dir(workdir)
 
 
 def test_a_config_that_names_another_architecture_is_refused_with_the_differences(checkpoints, tmp_path):
