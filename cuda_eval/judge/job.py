@@ -48,7 +48,7 @@ from cuda_eval.protocol.channel import ChannelError
 from cuda_eval.protocol.harness import (MAX_ERROR_CHARS, TIMING_SEED, CandidateError, Device, ReferenceError_,
                                         dtype_signature, format_exception, init_inputs, load_task, make_inputs,
                                         map_tree, set_seed, tree_nbytes, trial_seed)
-from cuda_eval.protocol.job import JobPayload
+from cuda_eval.protocol.job import JobPayload, kernels_known
 from cuda_eval.protocol.tensors import bitwise_equal, tensors_in
 
 _monotonic = time.monotonic
@@ -88,7 +88,7 @@ _DEVICE_FACTS: dict = {}       # copy bandwidth and occupancy limits, measured a
 WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "candidate_ops", "python_ops",
                "python_torch_calls", "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams",
                "own_kernel_launches", "kernel_trace_skipped", "identity_changes", "call_windows", "call_groups",
-               "call_foreign_kernels", "call_trace_skipped")
+               "call_foreign_kernels", "call_trace_skipped", "kernels_known")
 WORKER_META_ITEMS = {"call_windows": tracing.CALL_WINDOWS_MAX}
 
 
@@ -118,6 +118,7 @@ class Job:
         self.kind = self.payload.kind
         self.settings = self.payload.config
         self.kernel_names = self.payload.kernel_names
+        self.modules = self.payload.modules
         self.device = device
         self.sock = sock
         self.deadline = _monotonic() + timeout_s
@@ -370,6 +371,7 @@ class Job:
             self.phase("final_checks")
             self.ask("finish", "final")
             return
+        self.check_built_kernels()
         self.phase("timing")
         self.time_candidate()
         self.check_repeats()
@@ -444,6 +446,21 @@ class Job:
 
     def output_buffer_bytes(self) -> int:
         return wire.layout_bytes(self.output_sizes) + OUTPUT_SLACK_BYTES
+
+    def kernels_known(self) -> bool:
+        """Whether every kernel the program has is known: the compile stage read each built extension's device code
+        (protocol/job.py) and no build at run time left it unread (the worker says so: it can only turn the kernel
+        checks off, as a forged trace can)."""
+        return kernels_known(self.modules) and self.meta.get("kernels_known") is not False
+
+    def check_built_kernels(self) -> None:
+        """On a GPU, a program whose built extensions hold no kernel (their device code, read by the compile stage
+        from the files it built) runs no kernel of its own, whatever its source says: decided here, not by the
+        worker."""
+        if self.device.type == "cuda" and self.settings.dynamic.require_custom_kernel and not self.kernel_names \
+                and kernels_known(self.modules):
+            self.flag("no_custom_kernel", "the program's built extensions hold no CUDA kernel (their device code, "
+                                          "read from the built files)")
 
     def _digest(self, out: Any) -> str:
         """The digest of one output (device_kernels: one pass, no copy): how the warm-up compares outputs bit for bit
@@ -970,7 +987,7 @@ class Job:
         if busy > WALL_TOLERANCE * reported + TRACE_SLACK_MS * calls:
             self.flag("timing_inconsistent", f"the GPU ran the candidate's kernels for {busy:.4g} ms during calls "
                                              f"reported as {reported:.4g} ms in all (kernel trace)")
-        if self.kernel_names and self.settings.dynamic.require_custom_kernel:
+        if self.kernels_known() and self.settings.dynamic.require_custom_kernel:
             missing = sum(1 for w in windows if isinstance(w, list) and len(w) > 1 and not w[1])
             if missing:
                 self.flag("no_custom_kernel", f"in {missing} of {len(windows)} groups of calls none of the program's "

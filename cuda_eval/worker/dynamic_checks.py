@@ -29,7 +29,7 @@ import torch
 from cuda_eval.protocol.harness import CANDIDATE_FILENAME, TASK_FILENAME
 from cuda_eval.protocol.tensors import POISON_BYTE, flatten
 from cuda_eval.protocol.tracing import (ALLOC_KERNEL, HEAVY_OPS, KernelTrace, OpRecorder, is_compute,
-                                        is_kernel_name, mentions, unique)
+                                        is_kernel_name, unique)
 
 # Captured before candidate code can replace them.
 _cuda_synchronize = torch.cuda.synchronize
@@ -252,7 +252,7 @@ UNSYNCED_SLACK_NS = 1000      # GPU timestamps of two streams: a kernel ordered 
 class GroupWindow:
     """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
     busy_ms: float = 0.0          # GPU time covered by at least one of its kernels (overlaps counted once)
-    own: int = 0                  # launches of the program's own kernels (by the names its source declares)
+    own: int = 0                  # launches of the program's own kernels (the symbols of its built binary)
     kernels: int = 0              # launches of any kernel in the calls (ours excepted)
     unsynced: int = 0             # kernels on another stream not ordered within their call (see split_windows)
 
@@ -310,7 +310,7 @@ def split_windows(records: list[GpuRecord], kernel_names: Iterable[str], ours: d
     Per window, a kernel on another stream than the gate's is `unsynced` when it started before the gate ended (it
     waited for nothing on the current stream), or was still running when a flush of ours that started after it began
     on the current stream (the flush follows its call's end event: the call had ended without waiting for it)."""
-    names = [n for n in kernel_names if n]
+    names = frozenset(n for n in kernel_names if n)
     gate, flush, digests = ours["gate"], ours["flush"], set(ours["digests"])
     windows: list[GroupWindow] = []
     foreign: dict[str, int] = {}
@@ -357,7 +357,7 @@ def split_windows(records: list[GpuRecord], kernel_names: Iterable[str], ours: d
             flushes.append(rec)
         elif rec.kernel:
             win = windows[-1]
-            own = any(mentions(rec.name, n) for n in names)
+            own = rec.name in names
             win.kernels += 1
             spans.append((rec.start, rec.end))
             calls.append(rec)
