@@ -69,12 +69,22 @@ TIMING_PROFILE_SEED = 999     # inputs of the profile step when no timing set ex
 MAX_GROUP = 64                # calls in one group (the judge sends at most timing.GROUP_MAX)
 
 
-def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
+def harness_snapshot(task: types.ModuleType, device: Device | None = None) -> dynamic_checks.IdentitySnapshot:
     """What the candidate must not replace in its process: torch's public names, every name of our modules
     (private aliases of the clocks, events and channel included) and what our functions hold (code, defaults,
     closures), and the classes of the harness, the timers and the kernel trace's session among them (the time that
     enters the reward, and under a trace that judged every group the wall clock's allowance, rest on what they
-    report)."""
+    report), and the device's timers and own kernels as objects: what each was given at start-up (the gated
+    timer's flush and gate rate, the kernels' handles and names)."""
+    instances, namespaces = {}, {"task": vars(task)}
+    if device is not None:
+        timers = device.__dict__.setdefault("_timers", {})
+        namespaces["device._timers"] = timers
+        instances.update({f"device.timer_for({m!r})": t for m, t in timers.items()})
+        kernels = device.__dict__.get("kernels")
+        if kernels is not None:
+            instances["device.kernels"] = kernels
+            namespaces["device.kernels.names"] = kernels.names
     # This module is __main__ here (python -m): its functions and classes are watched like torch's.
     return dynamic_checks.IdentitySnapshot(
         dynamic_checks.default_watch_modules() + [sys.modules[__name__]],
@@ -83,7 +93,7 @@ def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
             dynamic_checks.IdentitySnapshot, dynamic_checks.ThreadWatch, dynamic_checks.KernelSession,
             dynamic_checks.GroupWindow, timing.HostTimer, timing.TorchEventTimer, timing.NativeTimer,
             timing.GatedTimer, timing.KernelBenchTimer, device_kernels.Kernels],
-        {"task": vars(task)})
+        namespaces, instances)
 
 
 class Worker:
@@ -177,7 +187,7 @@ class Worker:
         except Exception as e:  # the judge loaded the same source: this cannot be the task's fault
             raise CandidateError(format_exception(e, "loading the task next to the candidate"))
         modules_before = set(sys.modules)
-        self.snapshot = harness_snapshot(self.task)
+        self.snapshot = harness_snapshot(self.task, self.device)
         self.threads = dynamic_checks.ThreadWatch()
         self._install_prebuilt()
         try:

@@ -430,6 +430,8 @@ def is_own_module(module: types.ModuleType) -> bool:
 
 # Module globals of ours that change legitimately during a job (the active trace, whether the guards are in place).
 _MUTABLE_OWN_GLOBALS = frozenset({"_active", "_guarded_now"})
+# Attributes of the harness's timers that change legitimately (their flush buffer, the last call's description).
+_MUTABLE_INSTANCE_STATE = frozenset({"_scratch", "meta", "_thrash"})
 
 
 def _function_parts(key: str, value: Any) -> Iterable[tuple[str, Any]]:
@@ -456,10 +458,13 @@ class IdentitySnapshot:
     and global numerical flags are watched."""
 
     def __init__(self, modules: Iterable[types.ModuleType], classes: Iterable[type],
-                 namespaces: dict[str, dict] | None = None):
+                 namespaces: dict[str, dict] | None = None, instances: dict[str, Any] | None = None):
         self._modules = list(modules)
         self._classes = list(classes)
         self._namespaces = dict(namespaces or {})
+        # objects of the harness whose attributes are set once per process (a timer's flush, its gate's clock rate,
+        # our kernels' handles): every attribute but their working state (_MUTABLE_INSTANCE_STATE)
+        self._instances = dict(instances or {})
         self._entries = self._collect()
         self._flags = _global_flags()
         self._aten = harness_aten_registrations()
@@ -484,6 +489,10 @@ class IdentitySnapshot:
         for label, ns in self._namespaces.items():
             for k, v in list(ns.items()):
                 if not k.startswith("__"):
+                    entries[f"{label}.{k}"] = v
+        for label, obj in self._instances.items():
+            for k, v in list(vars(obj).items()):
+                if k not in _MUTABLE_INSTANCE_STATE:
                     entries[f"{label}.{k}"] = v
         return entries
 
