@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from cuda_eval import feedback, scoring
 from cuda_eval.cluster import EvaluatorTimeout  # the Ray backend's deadline verdict (no ray import)
+from cuda_eval.compile import kernel_symbols
 from cuda_eval.profile import kernel_profile
 # re-exported: a report over saved verdicts shows a kernel's profile (launch/eval.py --profile)
 from cuda_eval.profile.kernel_profile import render_breakdown as profile_breakdown  # noqa: F401
@@ -744,8 +745,8 @@ class Evaluator:
         if self.mode == "compile_only":
             self._finish(state)
             return
-        cuda_sources = [src for s in specs for src in (s.get("cuda_sources") or [])]
-        kernel_names = checks.cuda_kernel_names(cuda_sources if specs else [state.result.code or ""])
+        # The candidate's kernels: the symbols of the device code its build produced (never its source's text)
+        kernel_names = kernel_symbols.kernel_names(k for m in modules for k in (m.get("kernels") or []))
         payload = self._payload(state, modules, kernel_names, kind="evaluate")
         job = self.gpu_pool.submit(payload, self.config.run_timeout_s)
         state.stage_future = job

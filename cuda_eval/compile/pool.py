@@ -29,6 +29,7 @@ import time
 from cuda_eval.compile import toolchain as tcmod
 from cuda_eval.compile.builder import COMPILE_NICE, BuildConfig, Builder, BuildResult
 from cuda_eval.compile.cache import BuildCache, UnsafeFile, read_untrusted
+from cuda_eval.compile import kernel_symbols
 from cuda_eval.compile.pch import PchStore, pch_flags
 from cuda_eval.protocol.extension_spec import CANDIDATE_FILE, RECORD_FILE, TASK_FILE, BuiltModule, ExtensionSpec
 from cuda_eval.sandbox import runner as sb, safe_dirs
@@ -367,8 +368,9 @@ class CompilePool:
         key = self.builder.cache_key(spec)
         entry = self.cache.lookup(key, required=(_so_name(spec),))
         if entry is not None:
-            return BuiltModule(spec.name, entry.file(_so_name(spec)), key, True, spec.key(),
-                               entry.meta.get("header_mode", ""), 0.0), None
+            so_path = entry.file(_so_name(spec))
+            return BuiltModule(spec.name, so_path, key, True, spec.key(), entry.meta.get("header_mode", ""), 0.0,
+                               kernel_symbols.binary_kernels(so_path)), None
         owner, future = self._claim(key)
         if not owner:
             result, module = future.result()
@@ -399,8 +401,9 @@ class CompilePool:
                                            {"name": spec.name, "header_mode": result.header_mode,
                                             "build_s": result.build_s, "toolchain": self.toolchain.summary()},
                                            move=True)
-                module = BuiltModule(spec.name, entry.file(_so_name(spec)), key, False, spec.key(),
-                                     result.header_mode, result.build_s)
+                so_path = entry.file(_so_name(spec))
+                module = BuiltModule(spec.name, so_path, key, False, spec.key(), result.header_mode, result.build_s,
+                                     kernel_symbols.binary_kernels(so_path))
         finally:
             future.set_result((result, module))
             with self._inflight_lock:

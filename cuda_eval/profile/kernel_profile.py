@@ -469,7 +469,7 @@ def annotate(side: dict, limits: DeviceLimits | None, resources: Mapping[str, li
              own_names: Iterable[str] = ()) -> dict:
     """Shares, the candidate's own kernels' compiler resources and every kernel's theoretical occupancy."""
     total = side.get("gpu_ms") or 0.0
-    own = set(own_names)
+    own = {base_name(n) for n in own_names}   # the build's kernel symbols, mangled or demangled
     for k in side.get("kernels", []):
         k["share"] = k["ms"] / total if total > 0 else None
         entry, ambiguous = _match_resources(k, resources or {})

@@ -141,6 +141,13 @@ class RuntimeBuild:
         _check(self.toolchain, dict, "runtime_build.toolchain")
 
 
+def kernels_known(modules: list) -> bool:
+    """Whether the compile stage read the kernels of every built extension of the job (BuiltModule.kernels is a
+    list, empty for an extension without device code): then `kernel_names` is every kernel the program has, and a
+    CUDA program that runs none of them (or has none) ran no kernel of its own. Unknown without any extension."""
+    return bool(modules) and all(isinstance(m, dict) and isinstance(m.get("kernels"), list) for m in modules)
+
+
 @dataclasses.dataclass(frozen=True)
 class JobPayload:
     """What the trainer's process hands the judge (through the pool) for one job."""
@@ -148,7 +155,7 @@ class JobPayload:
     task_source: str                # the reference program
     code: str | None                # the candidate's program (None for kind "reference")
     modules: list                   # the compile stage's BuiltModule dicts
-    kernel_names: list              # the program's __global__ function names
+    kernel_names: list              # the names of the kernels in the program's built extensions (their symbols)
     runtime_build: RuntimeBuild | None
     ref_timing_cache: dict          # reference-timing cache entries of the task: {key: timing}
     config: JobConfig

@@ -157,8 +157,10 @@ class KernelTrace:
         return False
 
     def matching(self, kernel_names: Iterable[str]) -> list[KernelRecord]:
-        names = [n for n in kernel_names if n]
-        return [k for k in self.kernels if any(mentions(k.name, n) for n in names)]
+        """The launches of these kernels: names as the build's symbols give them (mangled or demangled), compared
+        whole (a kernel of ATen or a library is not the candidate's because a name of its own is part of it)."""
+        names = frozenset(n for n in kernel_names if n)
+        return [k for k in self.kernels if k.name in names]
 
     def late_kernels(self, slack_us: float) -> list[KernelRecord]:
         if self.returned_us is None:
@@ -207,16 +209,3 @@ def _is_kernel_event(ev) -> bool:
     device_type = getattr(ev, "device_type", None)
     return device_type is not None and "CUDA" in str(device_type) and is_kernel_name(ev.name)
 
-
-def mentions(kernel_name: str, ident: str) -> bool:
-    """True if `ident` appears in a (demangled) kernel name as a whole identifier."""
-    start = 0
-    while True:
-        i = kernel_name.find(ident, start)
-        if i < 0:
-            return False
-        before = kernel_name[i - 1] if i > 0 else " "
-        after = kernel_name[i + len(ident)] if i + len(ident) < len(kernel_name) else " "
-        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
-            return True
-        start = i + 1

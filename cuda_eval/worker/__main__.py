@@ -36,13 +36,14 @@ from typing import Any
 
 import torch
 
+from cuda_eval.compile import kernel_symbols
 from cuda_eval.profile import kernel_profiler
 from cuda_eval.protocol import channel, device_kernels, harness, timing, tracing, wire
 from cuda_eval.protocol.channel import ChannelError
 from cuda_eval.protocol.harness import (CANDIDATE_MODULE, CandidateError, Device, exec_module, format_exception,
                                         init_inputs, load_task, make_inputs, map_tree, milestone, process_arguments,
                                         set_seed)
-from cuda_eval.protocol.job import JobConfig, RuntimeBuild
+from cuda_eval.protocol.job import JobConfig, RuntimeBuild, kernels_known
 from cuda_eval.protocol.tensors import bitwise_equal, overlaps, tensors_in
 from cuda_eval.worker import dynamic_checks, extension_loader
 from cuda_eval.worker.dynamic_checks import non_plain_tensors
@@ -68,12 +69,22 @@ TIMING_PROFILE_SEED = 999     # inputs of the profile step when no timing set ex
 MAX_GROUP = 64                # calls in one group (the judge sends at most timing.GROUP_MAX)
 
 
-def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
+def harness_snapshot(task: types.ModuleType, device: Device | None = None) -> dynamic_checks.IdentitySnapshot:
     """What the candidate must not replace in its process: torch's public names, every name of our modules
     (private aliases of the clocks, events and channel included) and what our functions hold (code, defaults,
     closures), and the classes of the harness, the timers and the kernel trace's session among them (the time that
     enters the reward, and under a trace that judged every group the wall clock's allowance, rest on what they
-    report)."""
+    report), and the device's timers and own kernels as objects: what each was given at start-up (the gated
+    timer's flush and gate rate, the kernels' handles and names)."""
+    instances, namespaces = {}, {"task": vars(task)}
+    if device is not None:
+        timers = device.__dict__.setdefault("_timers", {})
+        namespaces["device._timers"] = timers
+        instances.update({f"device.timer_for({m!r})": t for m, t in timers.items()})
+        kernels = device.__dict__.get("kernels")
+        if kernels is not None:
+            instances["device.kernels"] = kernels
+            namespaces["device.kernels.names"] = kernels.names
     # This module is __main__ here (python -m): its functions and classes are watched like torch's.
     return dynamic_checks.IdentitySnapshot(
         dynamic_checks.default_watch_modules() + [sys.modules[__name__]],
@@ -82,7 +93,7 @@ def harness_snapshot(task: types.ModuleType) -> dynamic_checks.IdentitySnapshot:
             dynamic_checks.IdentitySnapshot, dynamic_checks.ThreadWatch, dynamic_checks.KernelSession,
             dynamic_checks.GroupWindow, timing.HostTimer, timing.TorchEventTimer, timing.NativeTimer,
             timing.GatedTimer, timing.KernelBenchTimer, device_kernels.Kernels],
-        {"task": vars(task)})
+        namespaces, instances)
 
 
 class Worker:
@@ -162,6 +173,8 @@ class Worker:
         self.settings = JobConfig.from_dict(job["config"])
         self.dyn = self.settings.dynamic
         self.modules, self.kernel_names = list(job["modules"]), list(job["kernel_names"])
+        # Whether the compile stage read the kernels of every built extension (protocol/job.py: kernels_known)
+        self.kernels_known = kernels_known(self.modules)
         self.seed = self.settings.seed
         ref = job.get("ref") or {}
         self.ref_ops = list(ref.get("ops") or [])
@@ -174,7 +187,7 @@ class Worker:
         except Exception as e:  # the judge loaded the same source: this cannot be the task's fault
             raise CandidateError(format_exception(e, "loading the task next to the candidate"))
         modules_before = set(sys.modules)
-        self.snapshot = harness_snapshot(self.task)
+        self.snapshot = harness_snapshot(self.task, self.device)
         self.threads = dynamic_checks.ThreadWatch()
         self._install_prebuilt()
         try:
@@ -470,7 +483,22 @@ class Worker:
             from cuda_eval.worker.runtime_build import RuntimeBuilder
             builder = RuntimeBuilder(runtime.cache_dir, os.path.join(self.workdir, "runtime_builds"),
                                      toolchain=Toolchain.from_dict(runtime.toolchain), timeout_s=runtime.timeout_s)
+        if builder is not None:
+            builder = self._reading_kernels(builder)
         extension_loader.install_prebuilt(self.modules, builder=builder)
+
+    def _reading_kernels(self, build):
+        """A build reached at run time adds the kernels of the extension it built (as the compile stage reads
+        them: the binary's symbols), or makes them unknown."""
+        def build_and_read(spec):
+            so_path = build(spec)
+            symbols = kernel_symbols.binary_kernels(so_path)
+            if symbols is None:
+                self.kernels_known = self.meta["kernels_known"] = False
+            else:
+                self.kernel_names = sorted(set(self.kernel_names) | set(kernel_symbols.kernel_names(symbols)))
+            return so_path
+        return build_and_read
 
     def _extension_functions(self, modules_before: set[str]) -> list:
         """Functions of the candidate's compiled extensions: the prebuilt .so files of the job, plus any extension
@@ -553,9 +581,10 @@ class Worker:
         streams = sorted({k.stream for k in trace.kernels})
         self.meta.update(kernels=sorted({k.name[:80] for k in trace.kernels})[:12], kernel_streams=streams,
                          own_kernel_launches=len(own))
-        if kernel_names and not own and self.dyn.require_custom_kernel:
-            self.flag("no_custom_kernel", f"none of the program's kernels ({', '.join(kernel_names[:4])}) ran on "
-                                          "the GPU during forward")
+        if self.kernels_known and not own and self.dyn.require_custom_kernel:
+            what = f"none of the program's kernels ({', '.join(kernel_names[:4])})" if kernel_names else \
+                "the program's extensions hold no CUDA kernel (their built device code has none), so none"
+            self.flag("no_custom_kernel", f"{what} ran on the GPU during forward")
         if unforked:
             return
         late = trace.late_kernels(self.dyn.unsynced_slack_us)

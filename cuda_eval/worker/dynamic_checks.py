@@ -29,7 +29,7 @@ import torch
 from cuda_eval.protocol.harness import CANDIDATE_FILENAME, TASK_FILENAME
 from cuda_eval.protocol.tensors import POISON_BYTE, flatten
 from cuda_eval.protocol.tracing import (ALLOC_KERNEL, HEAVY_OPS, KernelTrace, OpRecorder, is_compute,
-                                        is_kernel_name, mentions, unique)
+                                        is_kernel_name, unique)
 
 # Captured before candidate code can replace them.
 _cuda_synchronize = torch.cuda.synchronize
@@ -252,7 +252,7 @@ UNSYNCED_SLACK_NS = 1000      # GPU timestamps of two streams: a kernel ordered 
 class GroupWindow:
     """The kernels between a group's gate (or marker) and its digests: the candidate's calls of one group."""
     busy_ms: float = 0.0          # GPU time covered by at least one of its kernels (overlaps counted once)
-    own: int = 0                  # launches of the program's own kernels (by the names its source declares)
+    own: int = 0                  # launches of the program's own kernels (the symbols of its built binary)
     kernels: int = 0              # launches of any kernel in the calls (ours excepted)
     unsynced: int = 0             # kernels on another stream not ordered within their call (see split_windows)
 
@@ -310,7 +310,7 @@ def split_windows(records: list[GpuRecord], kernel_names: Iterable[str], ours: d
     Per window, a kernel on another stream than the gate's is `unsynced` when it started before the gate ended (it
     waited for nothing on the current stream), or was still running when a flush of ours that started after it began
     on the current stream (the flush follows its call's end event: the call had ended without waiting for it)."""
-    names = [n for n in kernel_names if n]
+    names = frozenset(n for n in kernel_names if n)
     gate, flush, digests = ours["gate"], ours["flush"], set(ours["digests"])
     windows: list[GroupWindow] = []
     foreign: dict[str, int] = {}
@@ -357,7 +357,7 @@ def split_windows(records: list[GpuRecord], kernel_names: Iterable[str], ours: d
             flushes.append(rec)
         elif rec.kernel:
             win = windows[-1]
-            own = any(mentions(rec.name, n) for n in names)
+            own = rec.name in names
             win.kernels += 1
             spans.append((rec.start, rec.end))
             calls.append(rec)
@@ -430,6 +430,8 @@ def is_own_module(module: types.ModuleType) -> bool:
 
 # Module globals of ours that change legitimately during a job (the active trace, whether the guards are in place).
 _MUTABLE_OWN_GLOBALS = frozenset({"_active", "_guarded_now"})
+# Attributes of the harness's timers that change legitimately (their flush buffer, the last call's description).
+_MUTABLE_INSTANCE_STATE = frozenset({"_scratch", "meta", "_thrash"})
 
 
 def _function_parts(key: str, value: Any) -> Iterable[tuple[str, Any]]:
@@ -456,10 +458,13 @@ class IdentitySnapshot:
     and global numerical flags are watched."""
 
     def __init__(self, modules: Iterable[types.ModuleType], classes: Iterable[type],
-                 namespaces: dict[str, dict] | None = None):
+                 namespaces: dict[str, dict] | None = None, instances: dict[str, Any] | None = None):
         self._modules = list(modules)
         self._classes = list(classes)
         self._namespaces = dict(namespaces or {})
+        # objects of the harness whose attributes are set once per process (a timer's flush, its gate's clock rate,
+        # our kernels' handles): every attribute but their working state (_MUTABLE_INSTANCE_STATE)
+        self._instances = dict(instances or {})
         self._entries = self._collect()
         self._flags = _global_flags()
         self._aten = harness_aten_registrations()
@@ -484,6 +489,10 @@ class IdentitySnapshot:
         for label, ns in self._namespaces.items():
             for k, v in list(ns.items()):
                 if not k.startswith("__"):
+                    entries[f"{label}.{k}"] = v
+        for label, obj in self._instances.items():
+            for k, v in list(vars(obj).items()):
+                if k not in _MUTABLE_INSTANCE_STATE:
                     entries[f"{label}.{k}"] = v
         return entries
 

@@ -39,8 +39,10 @@ class CompilePoolFake:
         else:
             f.set_result(types.SimpleNamespace(ok=True, error_kind=None, log="", timings={"wall_s": 0.25},
                                                modules=[{"name": "ext", "so_path": "/x.so", "spec_hash": "h",
-                                                         "cache_hit": True, "spec_key": "k"}],
-                                               specs=[{"cuda_sources": ["__global__ void my_kernel() {}"]}],
+                                                         "cache_hit": True, "spec_key": "k",
+                                                         "kernels": ["_Z9my_kernelv"]}],
+                                               specs=[{"cuda_sources": ["// __global__ void in_a_comment() {}\n"
+                                                                        "__global__ void my_kernel() {}"]}],
                                                toolchain={"arch": "sm_90"}))
         return f
 
@@ -131,7 +133,8 @@ def test_order_and_branches(tmp_path):
     assert d.hack_flags[0]["code"] == "torch_in_forward" and d.compiled is None  # rejected before compiling
     assert len(ev.compile_pool.submitted) == 2 and len(ev.gpu_pool.payloads) == 1
     payload = ev.gpu_pool.payloads[0]
-    assert payload["kernel_names"] == ["my_kernel"] and payload["config"]["num_trials"] == 5
+    # the kernels of the built binary (mangled and as a trace shows them), not the names its source mentions
+    assert payload["kernel_names"] == ["_Z9my_kernelv", "my_kernel()"] and payload["config"]["num_trials"] == 5
     for r in results:
         assert set(r.stage_times) >= {"extract", "queue", "compile", "run", "total"}
         again = EvalResult.from_dict(json.loads(json.dumps(r.to_dict())))

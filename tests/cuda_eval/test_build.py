@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from cuda_eval.compile import glue as glue_mod, nvcc, sources, toolchain as tcmod
+from cuda_eval.compile import glue as glue_mod, kernel_symbols, nvcc, sources, toolchain as tcmod
 from cuda_eval.compile.builder import BuildConfig, Builder, BuildError
 from cuda_eval.protocol.extension_spec import ExtensionSpec, spec_from_load_inline
 from cuda_eval.worker.extension_loader import import_extension
@@ -279,6 +279,7 @@ def test_tiny_cuda_extension_builds_and_loads(toolchain, sandbox_tmp, parallel):
         assert "nvcc" in names
     module = import_extension(name, result.so_path)
     assert module.plus_one(41) == 42  # host code runs; the kernel launch needs no GPU to return
+    assert kernel_symbols.binary_kernels(result.so_path) == ["_Z5touchPi"]   # our build's binary, as the pool reads it
 
 
 @pytest.mark.nvcc

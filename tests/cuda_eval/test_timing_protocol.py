@@ -122,7 +122,8 @@ def test_kernel_windows_split_the_trace_by_group():
         _record("at::native::relu_kernel", 810, 900),
         _record(OURS["digests"][0], 950, 960),
     ], key=lambda r: r.start)
-    windows, foreign = dynamic_checks.split_windows(records, ["my_relu_kernel", "zero_pad_kernel"], OURS)
+    own = ["_Z14my_relu_kernelIfEvPT_", "void my_relu_kernel<float>(float*)", "zero_pad_kernel"]   # the binary's
+    windows, foreign = dynamic_checks.split_windows(records, own, OURS)
     assert len(windows) == 2
     assert windows[0].own == 3 and windows[0].kernels == 5 and windows[0].unsynced == 0
     assert windows[0].busy_ms == pytest.approx((260 - 210 + 275 - 271 + 330 - 280 + 340 - 335 + 345 - 341) / 1e6)
@@ -141,6 +142,22 @@ def test_a_kernel_named_like_a_copy_or_our_digest_is_in_the_window():
     windows, _ = dynamic_checks.split_windows(records, ["relu_kernel"], OURS)
     assert len(windows) == 1 and windows[0].kernels == 3
     assert windows[0].busy_ms == pytest.approx((9 + 1 + 1_000_000) / 1e6)
+
+
+def test_own_kernels_are_the_binarys_symbols_whole():
+    """The candidate's kernels are the symbols its built binary holds, compared whole with the trace's names: a
+    name its source merely mentions (a comment declaring `__global__ void vectorized_elementwise_kernel`) no longer
+    makes ATen's kernel its own, and its own kernel named like a copy or our digest is its own."""
+    aten = "void at::native::vectorized_elementwise_kernel<4, at::native::relu_functor<float>>(int, float*)"
+    records = [_record(OURS["gate"], 0, 100), _record(aten, 111, 120), _record(OURS["digests"][0], 200, 210),
+               _record(OURS["gate"], 300, 400), _record("copy_kernel_rows(float const*, float*)", 411, 420),
+               _record("void ns::digest_tree_k<3>(float*)", 421, 430), _record(OURS["digests"][0], 500, 510)]
+    windows, foreign = dynamic_checks.split_windows(records, ["vectorized_elementwise_kernel"], OURS)
+    assert [w.own for w in windows] == [0, 0] and aten[:200] in foreign
+    own = ["_Z16copy_kernel_rowsPKfPf", "copy_kernel_rows(float const*, float*)", "_ZN2ns13digest_tree_kILi3EEEvPf",
+           "void ns::digest_tree_k<3>(float*)"]
+    windows, foreign = dynamic_checks.split_windows(records, own, OURS)
+    assert [w.own for w in windows] == [0, 2] and [w.kernels for w in windows] == [1, 2]
 
 
 def test_work_left_on_another_stream_is_flagged_on_the_calls_themselves():
@@ -228,6 +245,7 @@ def _job(device_type: str = "cpu"):
     job.group_method, job.gate_ms, job.retries, job.rng_dependent, job.revealed = "gated", 1.0, 0, False, []
     settings = job_config(EvalConfig(), kernel_profile=False, profile_tools={"cuobjdump": None})
     job.kernel_names, job.settings, job.groups = ["my_kernel"], settings, []
+    job.modules = [{"name": "ext", "kernels": ["my_kernel"]}]
     return job
 
 

@@ -447,6 +447,42 @@ def test_the_timers_and_the_trace_session_are_watched(monkeypatch):
         monkeypatch.undo()
 
 
+def test_the_timers_given_parts_are_watched():
+    """The gated timer's flush is an attribute of the timer object (our kernel, set at start-up), not of its class: a
+    candidate that finds the timer (gc) and rebinds its flush to a no-op (no L2 flush, no flush marker closing the
+    calls in the kernel trace) or shortens its gate is a monkeypatch; the timers' working state is not."""
+    import types
+
+    from cuda_eval.protocol import device_kernels, timing
+    from cuda_eval.worker import __main__ as worker_main
+    task = types.ModuleType("task")
+    task.Model = type("Model", (), {})
+    gated = timing.GatedTimer(1000.0)
+    kernels = device_kernels.Kernels("cpu")
+    gated.flush = kernels.flush        # what harness.Device does on a GPU with our NVRTC kernels
+    device = types.SimpleNamespace(_timers={"gated": gated, "host": timing.HostTimer()}, kernels=kernels)
+    snapshot = worker_main.harness_snapshot(task, device)
+    ours = gated.flush
+    gated.meta = {"gate_ms": 2.0}      # the last call's description: working state
+    gated.reserve(0)
+    assert not snapshot.changed()
+    attack = ("import gc\nfrom cuda_eval.protocol import timing\n"
+              "for o in gc.get_objects():\n"
+              "    if type(o) is timing.GatedTimer:\n"
+              "        o.flush = lambda buffer: True\n")
+    exec(attack, {})
+    assert "device.timer_for('gated').flush" in snapshot.changed(), snapshot.changed()
+    gated.flush = ours
+    gated.cycles_per_ms = 1.0
+    assert snapshot.changed() == ["device.timer_for('gated').cycles_per_ms"]
+    gated.cycles_per_ms = 1000.0
+    device._timers["gated"] = timing.GatedTimer(1000.0)   # the timer itself replaced
+    assert "device._timers.gated" in snapshot.changed()
+    device._timers["gated"] = gated
+    kernels.names["gate"] = "relu_kernel"                 # our gate's name in the trace changed
+    assert snapshot.changed() == ["device.kernels.names.gate"]
+
+
 @pytest.mark.parametrize("module,name", [("cuda_eval.protocol.timing", "_perf_counter_ns"),
                                          ("cuda_eval.protocol.timing", "_CudaEvent"),
                                          ("cuda_eval.protocol.harness", "_manual_seed"),
