@@ -16,9 +16,12 @@ about it (measurements: docs/LOG.md):
   anything unexpected in the dry run falls back to plain nvcc.
 - main.cpp: a unit that includes torch/extension.h costs ~8 CPU-s at -O0 even with the precompiled header (the
   instantiations the headers require are redone in every unit). (3) Glue binding: when the cpp sources are plain
-  declarations, main.cpp becomes a header-free glue unit plus a binding object (load_inline's PYBIND11_MODULE for
-  those signatures) that is cached and shared across extensions (`glue_plan`; verified by the compiler, with the
-  exact main.cpp as fallback, as for the light header: `binding_mode`). Otherwise a precompiled header of
+  declarations, main.cpp becomes a glue unit without torch/extension.h plus a binding object: over the types the
+  shared binding knows, one object per toolchain and flag set for every signature (the glue describes each function
+  and calls it through a thunk; the binding builds pybind11's function record from the casters at run time);
+  otherwise one per signature set (load_inline's PYBIND11_MODULE for those signatures). Both are cached and shared
+  across extensions (`glue_plan`; verified by the compiler, with the exact main.cpp as fallback, as for the light
+  header: `binding_mode`). Otherwise a precompiled header of
   torch/extension.h (built once per toolchain and flag set, stored in the cache) and an object cache (main.cpp
   rarely changes between refinements of one kernel).
 Every compiler process runs in the sandbox (its own uid, rlimits, a deadline), with only allow-listed candidate
@@ -331,7 +334,7 @@ class Builder:
         os.makedirs(self.work_root, exist_ok=True)
         work = tempfile.mkdtemp(prefix="binding-", dir=self.work_root)
         try:
-            own = BuildDirs.create(os.path.join(work, "build"))
+            own = BuildDirs.create(work)
             with sb.SandboxSession(own.out) as session:
                 own.confine(session)
                 runner = Runner(session, self.config.limits, deadline, own.out)

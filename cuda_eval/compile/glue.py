@@ -5,11 +5,16 @@ Every unit that includes <torch/extension.h> pays ~8 CPU-s (g++, -O0, with the P
 headers themselves require, even when it declares nothing (measured: docs/LOG.md); load_inline's main.cpp is
 usually nothing more than declarations plus PYBIND11_MODULE. So when the cpp sources are plain declarations over a
 few known types, main.cpp is built as two objects: a glue unit (the candidate's declarations verbatim after a
-tiny prelude, the function addresses, PyInit_<name>) and a binding object, the PYBIND11_MODULE of load_inline
-generated from the signatures alone, which is cached and shared by every extension with the same signatures and
-flags. The same m.def calls run on the same types (checked by the compiler: the glue static_asserts the exact
-function type); anything unexpected, or any failure, builds main.cpp exactly as load_inline writes it instead,
-and only that build counts.
+prelude, the function addresses, PyInit_<name>) and a binding object. Over the value types in ANY_VALUE_TYPES
+(tensors, integers, floats, bool, vectors and optionals of them, tuples of tensors as results) the binding object
+is one for every extension (per toolchain and flag set): the glue describes each function (its types as indices
+into that table, a thunk that calls it on the values pybind11's casters loaded) and the binding builds pybind11's
+function record from it as cpp_function::initialize would, so that the glue is the only per-candidate unit (a
+prelude of ATen/core/Tensor.h, precompiled: ~1 CPU-s instead of ~9-16 for a binding unit). Over other types the
+binding object is load_inline's PYBIND11_MODULE generated from the signatures alone, cached and shared by every
+extension with the same signatures and flags. The same m.def calls run on the same types (checked by the compiler:
+the glue static_asserts the exact function type); anything unexpected, or any failure, builds main.cpp exactly as
+load_inline writes it instead, and only that build counts.
 """
 from __future__ import annotations
 
