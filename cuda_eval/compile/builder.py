@@ -16,9 +16,12 @@ about it (measurements: docs/LOG.md):
   anything unexpected in the dry run falls back to plain nvcc.
 - main.cpp: a unit that includes torch/extension.h costs ~8 CPU-s at -O0 even with the precompiled header (the
   instantiations the headers require are redone in every unit). (3) Glue binding: when the cpp sources are plain
-  declarations, main.cpp becomes a header-free glue unit plus a binding object (load_inline's PYBIND11_MODULE for
-  those signatures) that is cached and shared across extensions (`glue_plan`; verified by the compiler, with the
-  exact main.cpp as fallback, as for the light header: `binding_mode`). Otherwise a precompiled header of
+  declarations, main.cpp becomes a glue unit without torch/extension.h plus a binding object: over the types the
+  shared binding knows, one object per toolchain and flag set for every signature (the glue describes each function
+  and calls it through a thunk; the binding builds pybind11's function record from the casters at run time);
+  otherwise one per signature set (load_inline's PYBIND11_MODULE for those signatures). Both are cached and shared
+  across extensions (`glue_plan`; verified by the compiler, with the exact main.cpp as fallback, as for the light
+  header: `binding_mode`). Otherwise a precompiled header of
   torch/extension.h (built once per toolchain and flag set, stored in the cache) and an object cache (main.cpp
   rarely changes between refinements of one kernel).
 Every compiler process runs in the sandbox (its own uid, rlimits, a deadline), with only allow-listed candidate
@@ -36,13 +39,15 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
 from cuda_eval.compile.build_dirs import MAX_PRODUCT_BYTES, BuildDirs, write_private, write_private_tree
 from cuda_eval.compile.cache import BuildCache, UnsafeFile, copy_untrusted
-from cuda_eval.compile.glue import BINDING_OBJECT, GLUE_PRELUDE, GLUE_PRELUDE_TEXT, GluePlan, glue_plan
+from cuda_eval.compile.glue import ANY_PRELUDE_TEXT, BINDING_OBJECT, GLUE_PRELUDE, GluePlan, any_binding_text, glue_plan
 from cuda_eval.compile.nvcc import Phase, Runner, clean_log, compile_cuda, output_text
 from cuda_eval.compile.pch import PchStore, pch_flags
 from cuda_eval.compile.sources import (LEAN_DIR, LIGHT_HEADER, PCH_HEADER, cuda_cu, lean_op_headers,
@@ -52,6 +57,7 @@ from cuda_eval.protocol.extension_spec import ExtensionSpec
 from cuda_eval.sandbox import runner as sb
 from cuda_eval.static import flag_policy
 
+_SHARED_BINDING_LOCK = threading.Lock()
 # Compiles yield the CPU to the host threads of the GPU jobs running beside them (docs/EVALUATOR.md, "Timing").
 COMPILE_NICE = 10
 
@@ -263,32 +269,105 @@ class Builder:
         """main.cpp as glue unit + binding object (cached by its text and flags) into `objects`; None if both
         built, else why not (then nothing of the glue build is used)."""
         tc = self.toolchain
-        write_private(dirs.src, GLUE_PRELUDE, GLUE_PRELUDE_TEXT)
+        flags = pch_flags(cflags)  # neither unit names the extension: TORCH_EXTENSION_NAME is not their business
+        glue_pch = None
+        if plan.shared and self.config.use_pch and self.pch_store is not None:
+            glue_pch = self.pch_store.ensure(flags, wait=False, header=(GLUE_PRELUDE, plan.prelude_text))
+        if glue_pch:  # the prelude and its .gch are found there (the glue's own folder has no prelude)
+            argv = [tc.cxx, f"-I{glue_pch}", "-Winvalid-pch", *flags]
+        else:
+            write_private(dirs.src, GLUE_PRELUDE, plan.prelude_text)
+            argv = [tc.cxx, *flags]
         glue_obj = os.path.join(dirs.out, "main.o")
-        res = runner.run([tc.cxx, *cflags, "-c", write_private(dirs.src, "main.cpp", plan.glue_text), "-o", glue_obj],
-                         "g++ main.cpp (glue)", phases)
+        res = runner.run([*argv, "-c", write_private(dirs.src, "main.cpp", plan.glue_text), "-o", glue_obj],
+                         "g++ main.cpp (glue" + (", pch)" if glue_pch else ")"), phases)
         if res["exit_code"] != 0 or res["timed_out"]:
             return "the glue unit did not compile: " + (clean_log(output_text(res), build_dir=[dirs.src, dirs.out],
                                                                   toolchain=tc, max_errors=1, max_chars=300)
                                                         or "no output")
-        flags = pch_flags(cflags)  # the binding names no extension: TORCH_EXTENSION_NAME is not its business
         key = self._object_key(BINDING_OBJECT, plan.binding_text, flags)
-        cached = self._from_object_cache(key, BINDING_OBJECT, dirs, phases)
+        if plan.shared:
+            cached = self._shared_binding(plan, key, flags, pch_dir, dirs, runner.deadline, phases)
+            if cached is None:
+                return "the shared binding unit did not compile"
+        else:
+            cached = self._from_object_cache(key, BINDING_OBJECT, dirs, phases)
         if not cached:
             obj = os.path.join(dirs.out, BINDING_OBJECT)
-            if pch_dir:
-                text = plan.binding_text.replace("#include <torch/extension.h>", f'#include "{PCH_HEADER}"', 1)
-                argv = [tc.cxx, f"-I{pch_dir}", "-Winvalid-pch", *flags]
-            else:
-                text, argv = plan.binding_text, [tc.cxx, *flags]
-            src = write_private(dirs.src, "kj_binding.cpp", text)
-            res = runner.run([*argv, "-c", src, "-o", obj], "binding" + (" (pch)" if pch_dir else ""), phases)
-            if res["exit_code"] != 0 or res["timed_out"]:
+            if not self._run_binding(plan, flags, pch_dir, dirs, runner, phases):
                 return "the binding unit did not compile"
             self._to_object_cache(key, BINDING_OBJECT, dirs)
             cached = obj
         objects["main"], objects["binding"] = glue_obj, cached
         return None
+
+    def _run_binding(self, plan: GluePlan, flags: Sequence[str], pch_dir: str | None, dirs: BuildDirs,
+                     runner: Runner, phases: list[Phase]) -> bool:
+        """Compile the binding unit of `plan` into <dirs.out>/BINDING_OBJECT."""
+        tc = self.toolchain
+        if pch_dir:
+            text = plan.binding_text.replace("#include <torch/extension.h>", f'#include "{PCH_HEADER}"', 1)
+            argv = [tc.cxx, f"-I{pch_dir}", "-Winvalid-pch", *flags]
+        else:
+            text, argv = plan.binding_text, [tc.cxx, *flags]
+        src = write_private(dirs.src, "kj_binding.cpp", text)
+        res = runner.run([*argv, "-c", src, "-o", os.path.join(dirs.out, BINDING_OBJECT)],
+                         "binding" + (" (shared" if plan.shared else "") + (", pch" if pch_dir else "") +
+                         (")" if plan.shared else ""), phases)
+        return res["exit_code"] == 0 and not res["timed_out"]
+
+    def _shared_binding(self, plan: GluePlan, key: str, flags: Sequence[str], pch_dir: str | None, dirs: BuildDirs,
+                        deadline: float, phases: list[Phase]) -> str | None:
+        """The one binding object for every signature over the known types (per toolchain and flag set), copied
+        into this build's src/: from the cache, or built now in a build of its own (`_build_shared_binding`)."""
+        with _SHARED_BINDING_LOCK:  # one build of it per process at a time; the others wait for the cache
+            cached = self._from_object_cache(key, BINDING_OBJECT, dirs, phases)
+            if cached:
+                return cached
+            return self._build_shared_binding(plan.binding_text, key, flags, pch_dir, deadline, phases,
+                                              os.path.join(dirs.src, BINDING_OBJECT))
+
+    def _build_shared_binding(self, text: str, key: str, flags: Sequence[str], pch_dir: str | None,
+                              deadline: float, phases: list[Phase], dst: str | None) -> str | None:
+        """Build the shared binding object in a sandbox session and directories of its own, where nothing of any
+        candidate ever ran (every later extension links it), publish it in the object cache and copy it to `dst`."""
+        os.makedirs(self.work_root, exist_ok=True)
+        work = tempfile.mkdtemp(prefix="binding-", dir=self.work_root)
+        try:
+            own = BuildDirs.create(work)
+            with sb.SandboxSession(own.out) as session:
+                own.confine(session)
+                runner = Runner(session, self.config.limits, deadline, own.out)
+                plan = GluePlan("", (), "", text, "", shared=True)
+                if not self._run_binding(plan, flags, pch_dir, own, runner, phases):
+                    return None
+                copy = own.take(BINDING_OBJECT, self.config.limits.file_size_bytes)
+            if dst is not None:
+                shutil.copyfile(copy, dst)
+            if self.config.object_cache and self.cache:
+                self.cache.publish(key, {BINDING_OBJECT: copy}, {"kind": "object"}, move=True)
+            return dst or copy
+        except (OSError, UnsafeFile, ValueError):
+            return None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def warm_glue(self, cflags: Sequence[str]) -> bool:
+        """Build now what every glue build with these main.cpp flags shares: the glue prelude's precompiled header
+        and the shared binding object (start-up, like the PCH of torch/extension.h). True if the binding is ready."""
+        if not (self.config.glue_binding and self.config.object_cache and self.cache):
+            return False
+        flags = pch_flags(cflags)
+        pch_dir = None
+        if self.config.use_pch and self.pch_store is not None:
+            self.pch_store.ensure(flags, wait=True, header=(GLUE_PRELUDE, ANY_PRELUDE_TEXT))
+            pch_dir = self.pch_store.lookup(flags)
+        text = any_binding_text()
+        key = self._object_key(BINDING_OBJECT, text, flags)
+        with _SHARED_BINDING_LOCK:
+            if self.cache.lookup(key, required=(BINDING_OBJECT,)) is not None:
+                return True
+            return self._build_shared_binding(text, key, flags, pch_dir, time.monotonic() + 900, [], None) is not None
 
     def _undefined_after_light(self, runner: Runner, objects: Mapping[str, str], phases: list[Phase]) -> str | None:
         """Symbols the light cuda.o needs that no torch/CUDA library defines (the full headers would have

@@ -5,11 +5,16 @@ Every unit that includes <torch/extension.h> pays ~8 CPU-s (g++, -O0, with the P
 headers themselves require, even when it declares nothing (measured: docs/LOG.md); load_inline's main.cpp is
 usually nothing more than declarations plus PYBIND11_MODULE. So when the cpp sources are plain declarations over a
 few known types, main.cpp is built as two objects: a glue unit (the candidate's declarations verbatim after a
-tiny prelude, the function addresses, PyInit_<name>) and a binding object, the PYBIND11_MODULE of load_inline
-generated from the signatures alone, which is cached and shared by every extension with the same signatures and
-flags. The same m.def calls run on the same types (checked by the compiler: the glue static_asserts the exact
-function type); anything unexpected, or any failure, builds main.cpp exactly as load_inline writes it instead,
-and only that build counts.
+prelude, the function addresses, PyInit_<name>) and a binding object. Over the value types in ANY_VALUE_TYPES
+(tensors, integers, floats, bool, vectors and optionals of them, tuples of tensors as results) the binding object
+is one for every extension (per toolchain and flag set): the glue describes each function (its types as indices
+into that table, a thunk that calls it on the values pybind11's casters loaded) and the binding builds pybind11's
+function record from it as cpp_function::initialize would, so that the glue is the only per-candidate unit (a
+prelude of ATen/core/Tensor.h, precompiled: ~1 CPU-s instead of ~9-16 for a binding unit). Over other types the
+binding object is load_inline's PYBIND11_MODULE generated from the signatures alone, cached and shared by every
+extension with the same signatures and flags. The same m.def calls run on the same types (checked by the compiler:
+the glue static_asserts the exact function type); anything unexpected, or any failure, builds main.cpp exactly as
+load_inline writes it instead, and only that build counts.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 
 from cuda_eval.compile.sources import TORCH_INCLUDE, line_marker
 from cuda_eval.compile.toolchain import Toolchain
@@ -58,6 +64,8 @@ class GluePlan:
     signatures: tuple[str, ...]       # one function-pointer type per bound function, in load_inline's order
     glue_text: str                    # main.cpp (glue)
     binding_text: str                 # the binding unit, with `#include <torch/extension.h>` first
+    prelude_text: str                 # what the glue unit includes instead of <torch/extension.h>
+    shared: bool = False              # the one binding object for every signature over ANY_VALUE_TYPES
 
 
 def _glue_type(text: str, *, drop_name: bool) -> str | None:
@@ -88,8 +96,9 @@ def _split_top(text: str) -> list[str]:
     return parts + [cur]
 
 
-def _glue_declarations(cpp_text: str) -> dict[str, set[str]] | None:
-    """name -> function-pointer types of its declarations, if the text is nothing but plain declarations."""
+def _glue_declarations(cpp_text: str) -> dict[str, set[tuple[str, tuple[str, ...]] | None]] | None:
+    """name -> (return type, parameter types) of its declarations (None: a type we do not know), if the text is
+    nothing but plain declarations."""
     text = re.sub(r"/\*.*?\*/", " ", cpp_text, flags=re.S)
     text = re.sub(r"//[^\n]*", "", text)
     lines = []
@@ -102,7 +111,7 @@ def _glue_declarations(cpp_text: str) -> dict[str, set[str]] | None:
     body = " ".join(lines)
     if _GLUE_BLOCKERS.search(body):
         return None
-    decls: dict[str, set[str]] = {}
+    decls: dict[str, set[tuple[str, tuple[str, ...]] | None]] = {}
     for stmt in body.split(";"):
         stmt = stmt.strip()
         if not stmt:
@@ -115,10 +124,14 @@ def _glue_declarations(cpp_text: str) -> dict[str, set[str]] | None:
         params = [] if params_text in ("", "void") else [
             _glue_type(p.split("=", 1)[0], drop_name=True) for p in _split_top(params_text)]
         if ret is None or any(p is None for p in params):
-            decls.setdefault(m.group("name"), set()).add("")  # declared with a type we do not know
+            decls.setdefault(m.group("name"), set()).add(None)  # declared with a type we do not know
             continue
-        decls.setdefault(m.group("name"), set()).add(f"{ret} (*)({', '.join(params)})")
+        decls.setdefault(m.group("name"), set()).add((ret, tuple(params)))
     return decls
+
+
+def _pointer_type(ret: str, params: Sequence[str]) -> str:
+    return f"{ret} (*)({', '.join(params)})"
 
 
 def _pybind11_major(toolchain: Toolchain) -> int:
@@ -151,23 +164,41 @@ def glue_plan(spec: ExtensionSpec, toolchain: Toolchain) -> tuple[GluePlan | Non
     decls = _glue_declarations("\n".join(spec.cpp_sources))
     if decls is None:
         return None, "cpp sources are not plain declarations"
-    signatures = []
+    signatures: list[tuple[str, tuple[str, ...]]] = []
     for fn, _ in spec.functions:
         found = decls.get(fn, set())
-        if len(found) != 1 or "" in found:
+        if len(found) != 1 or None in found:
             return None, f"no single declaration of {fn!r} over known types"
         signatures.append(next(iter(found)))
-    mode = "wrap" if spec.with_pytorch_error_handling else "plain"
-    key = hashlib.sha256(json.dumps([mode, signatures]).encode()).hexdigest()[:16]
-    entry = f"kj_pyinit_{key}"
-    entry_decl = (f'extern "C" __attribute__((visibility("hidden"))) _object* {entry}(const char*, const char* const*, '
-                  "const char* const*, void (*const*)());")
+    codes = [_any_codes(ret, params) for ret, params in signatures]
+    if all(c is not None for c in codes):
+        return _any_plan(spec, signatures, codes), ""
+    return _signature_plan(spec, signatures), ""
+
+
+def _glue_head(spec: ExtensionSpec, signatures: Sequence[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The glue unit up to its bindings: the prelude, the candidate's cpp sources verbatim (their torch includes
+    pointing at the prelude), and the compiler's check that each bound name has exactly the parsed type."""
     glue = [line_marker("kj glue prelude"), f'#include "{GLUE_PRELUDE}"']
     for i, src in enumerate(spec.cpp_sources):
         glue += [line_marker(f"cpp_sources[{i}]"), TORCH_INCLUDE.sub(lambda m: f'{m.group(1)}"{GLUE_PRELUDE}"', src)]
-    glue += [line_marker("load_inline bindings"), "struct _object;", entry_decl]
-    for i, ((fn, _), sig) in enumerate(zip(spec.functions, signatures)):
-        glue.append(f'static_assert(::std::is_same<decltype(&{fn}), {sig}>::value, "signature of {fn}");')
+    glue += [line_marker("load_inline bindings"), "struct _object;"]
+    for (fn, _), (ret, params) in zip(spec.functions, signatures):
+        glue.append(f"static_assert(::std::is_same<decltype(&{fn}), {_pointer_type(ret, params)}>::value, "
+                    f'"signature of {fn}");')
+    return glue
+
+
+def _signature_plan(spec: ExtensionSpec, signatures: Sequence[tuple[str, tuple[str, ...]]]) -> GluePlan:
+    """Types the shared binding does not know: a binding object per signature set (load_inline's PYBIND11_MODULE
+    for exactly these signatures), shared by every extension with the same signatures."""
+    sigs = [_pointer_type(ret, params) for ret, params in signatures]
+    mode = "wrap" if spec.with_pytorch_error_handling else "plain"
+    key = hashlib.sha256(json.dumps([mode, sigs]).encode()).hexdigest()[:16]
+    entry = f"kj_pyinit_{key}"
+    entry_decl = (f'extern "C" __attribute__((visibility("hidden"))) _object* {entry}(const char*, const char* const*, '
+                  "const char* const*, void (*const*)());")
+    glue = _glue_head(spec, signatures) + [entry_decl]
     names = ", ".join(f'"{fn}"' for fn, _ in spec.functions)
     docs = ", ".join(f'"{doc}"' for _, doc in spec.functions)
     fns = ", ".join(f"reinterpret_cast<void (*)()>(&{fn})" for fn, _ in spec.functions)
@@ -181,9 +212,9 @@ def glue_plan(spec: ExtensionSpec, toolchain: Toolchain) -> tuple[GluePlan | Non
                "#undef PYBIND11_PLUGIN_IMPL", "#define PYBIND11_PLUGIN_IMPL(name) static PyObject* PyInit_##name()",
                "namespace {", "const char* const* kj_names;", "const char* const* kj_docs;",
                "void (*const* kj_fns)();", "}"]
-    binding += [f"using kj_sig_{i} = {sig};" for i, sig in enumerate(signatures)]
+    binding += [f"using kj_sig_{i} = {sig};" for i, sig in enumerate(sigs)]
     binding.append("PYBIND11_MODULE(kj_module, m) {")
-    for i in range(len(signatures)):
+    for i in range(len(sigs)):
         fn = f"*reinterpret_cast<kj_sig_{i}>(kj_fns[{i}])"
         fn = f"torch::wrap_pybind_function({fn})" if spec.with_pytorch_error_handling else fn
         binding.append(f"  m.def(kj_names[{i}], {fn}, kj_docs[{i}]);")
@@ -196,4 +227,291 @@ def glue_plan(spec: ExtensionSpec, toolchain: Toolchain) -> tuple[GluePlan | Non
                 "  if (def != nullptr && PyObject_TypeCheck(def, &PyModuleDef_Type))",
                 "    reinterpret_cast<PyModuleDef*>(def)->m_name = name;",
                 "  return def;", "}"]
-    return GluePlan(key, tuple(signatures), "\n".join(glue) + "\n", "\n".join(binding) + "\n"), ""
+    return GluePlan(key, tuple(sigs), "\n".join(glue) + "\n", "\n".join(binding) + "\n", GLUE_PRELUDE_TEXT)
+
+
+# --- one binding object for every signature over the value types it knows --------------------------------------
+# The value types (what pybind11's caster loads or casts: a parameter's type less top-level const and reference)
+# the shared binding object has casters for, spelled as _glue_type spells them; a function's signature is a list of
+# indices into this table. Anything else: the per-signature binding.
+ANY_VALUE_TYPES = (
+    "::at::Tensor", "::std::int64_t", "long", "long long", "int", "::std::int32_t", "short", "unsigned",
+    "unsigned int", "unsigned long", "::std::size_t", "double", "float", "bool",
+    "::std::vector < ::at::Tensor >", "::std::vector < ::std::int64_t >", "::std::vector < long >",
+    "::std::vector < int >", "::std::vector < double >", "::std::vector < float >",
+    "::std::optional < ::at::Tensor >", "::std::optional < ::std::int64_t >", "::std::optional < double >",
+    "::std::tuple < ::at::Tensor , ::at::Tensor >", "::std::tuple < ::at::Tensor , ::at::Tensor , ::at::Tensor >",
+)
+ANY_VOID = len(ANY_VALUE_TYPES)     # the return code of `void`
+ANY_MAX_ARGS = 16
+# Shared by the glue unit and the binding object (one definition, the same text in both).
+_ANY_DESC = f"""namespace kj_glue {{
+struct fn_desc {{
+  void (*fn)();                                   // the candidate's function, as pybind11 stores a function pointer
+  const ::std::type_info* type;                   // typeid of its pointer type (pybind11's stateless-function tag)
+  void (*thunk)(void* const* args, void* ret);    // calls fn on the loaded values, constructs the result in ret
+  unsigned wrap;                                  // 1: torch::wrap_pybind_function's error handling
+  unsigned nargs;
+  unsigned ret;                                   // index into the value types, {ANY_VOID} for void
+  unsigned args[{ANY_MAX_ARGS}];
+}};
+}}"""
+ANY_PRELUDE_TEXT = """// Generated by cuda_eval.build: the names of <torch/extension.h> that plain declarations use, complete (the
+// glue calls the functions), and what the glue's thunks need.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <cstdint>
+#include <new>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+namespace torch { using at::Tensor; }
+""" + _ANY_DESC + "\n"
+_ANY_ENTRY = "kj_pyinit_any"
+
+
+def _any_codes(ret: str, params: Sequence[str]) -> tuple[int, tuple[int, ...]] | None:
+    """(return code, parameter codes) in ANY_VALUE_TYPES, or None if a type is not there (or too many)."""
+    if len(params) > ANY_MAX_ARGS:
+        return None
+    if ret == "void":
+        ret_code = ANY_VOID
+    elif ret in ANY_VALUE_TYPES:  # returned by value, as written: references and const results are not here
+        ret_code = ANY_VALUE_TYPES.index(ret)
+    else:
+        return None
+    codes = []
+    for p in params:
+        toks = p.split(" ")
+        if toks[-1] in ("&", "&&"):  # pybind11 loads the value and passes a reference to it
+            toks = toks[:-1]
+        if toks and toks[0] == "const":  # top-level const only: a const inside <...> stays, and is not known
+            toks = toks[1:]
+        elif toks and toks[-1] == "const":
+            toks = toks[:-1]
+        value = " ".join(toks)
+        if value not in ANY_VALUE_TYPES or value.startswith("::std::tuple"):  # tuples: results only (as above)
+            return None
+        codes.append(ANY_VALUE_TYPES.index(value))
+    return ret_code, tuple(codes)
+
+
+def any_binding_text() -> str:
+    """The shared binding unit (the same text for every extension)."""
+    return _ANY_BINDING.replace("@DESC@", _ANY_DESC).replace("@ENTRY@", _ANY_ENTRY).replace(
+        "@MAX_ARGS@", str(ANY_MAX_ARGS)).replace("@TYPES@", ", ".join(ANY_VALUE_TYPES)).replace(
+        "@VOID@", str(ANY_VOID))
+
+
+def _any_plan(spec: ExtensionSpec, signatures: Sequence[tuple[str, tuple[str, ...]]],
+              codes: Sequence[tuple[int, tuple[int, ...]]]) -> GluePlan:
+    """The glue unit for the shared binding object: per function a thunk that calls it on the values pybind11's
+    casters loaded (each passed as pybind11 passes it: moved into a by-value parameter, bound to a reference
+    one) and a descriptor; the binding object builds pybind11's function record from the descriptors."""
+    wrap = 1 if spec.with_pytorch_error_handling else 0
+    glue = _glue_head(spec, signatures)
+    glue.append(f'extern "C" __attribute__((visibility("hidden"))) _object* {_ANY_ENTRY}('
+                "const char*, unsigned, const char* const*, const char* const*, const kj_glue::fn_desc*);")
+    glue.append("namespace {")
+    descs = []
+    for i, ((fn, _), (ret, params), (ret_code, arg_codes)) in enumerate(zip(spec.functions, signatures, codes)):
+        args = []
+        for j, (p, c) in enumerate(zip(params, arg_codes)):
+            value = ANY_VALUE_TYPES[c]
+            glue.append(f"static_assert(::std::is_same<::std::remove_cv_t<::std::remove_reference_t<{p}>>, {value}>::value, "
+                        f'"parameter {j} of {fn}");')
+            # as pybind11's cast_op: moved into a by-value parameter, bound to a reference parameter
+            args.append(f"static_cast<::std::add_rvalue_reference_t<{p}>>(*static_cast<{value}*>(a[{j}]))")
+        call = f"{fn}({', '.join(args)})"
+        body = f"{call};" if ret_code == ANY_VOID else f"::new (r) {ret}({call});"
+        glue.append(f"void kj_thunk_{i}(void* const* a, void* r) {{ (void)a; (void)r; {body} }}")
+        fn_ptr = f"reinterpret_cast<void (*)()>(&{fn})"
+        arg_list = ", ".join(str(c) for c in arg_codes) or "0"
+        descs.append(f"  {{{fn_ptr}, &typeid(decltype(&{fn})), &kj_thunk_{i}, {wrap}, {len(arg_codes)}, {ret_code}, "
+                     f"{{{arg_list}}}}},")
+    glue.append("}")
+    names = ", ".join(f'"{fn}"' for fn, _ in spec.functions)
+    docs = ", ".join(f'"{doc}"' for _, doc in spec.functions)
+    glue += [f'extern "C" __attribute__((visibility("default"))) _object* PyInit_{spec.name}() {{',
+             f"  static const char* const names[] = {{{names}}};", f"  static const char* const docs[] = {{{docs}}};",
+             "  static const kj_glue::fn_desc fns[] = {", *descs, "  };",
+             f'  return {_ANY_ENTRY}("{spec.name}", {len(spec.functions)}, names, docs, fns);', "}"]
+    binding = any_binding_text()
+    key = hashlib.sha256(binding.encode()).hexdigest()[:16]
+    sigs = tuple(_pointer_type(ret, params) for ret, params in signatures)
+    return GluePlan(key, sigs, "\n".join(glue) + "\n", binding, ANY_PRELUDE_TEXT, shared=True)
+
+
+# pybind11's cpp_function::initialize and its dispatch lambda (pybind11.h), for a signature known at run time:
+# the same function record (name, scope, sibling, doc, nargs, the stateless tag of a plain function pointer), the
+# same signature text (the casters' own names, put together as ReadableFunctionSignature puts them), the same
+# argument loading (each caster in turn, convert as the dispatcher says; a failure tries the next overload), the
+# same call (inside torch::wrap_pybind_function's HANDLE_TH_ERRORS when asked) and the same cast of the result
+# (return_value_policy_override of its type). pybind11's own dispatcher does the rest, so its error messages
+# (TypeError: incompatible function arguments ...) are its own.
+_ANY_BINDING = r"""#include <torch/extension.h>
+// Generated by cuda_eval.build: load_inline's PYBIND11_MODULE for any signature over the value types below; the
+// names, docstrings, functions and signatures come from the glue unit of each extension.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#undef PYBIND11_PLUGIN_IMPL
+#define PYBIND11_PLUGIN_IMPL(name) static PyObject* PyInit_##name()
+@DESC@
+namespace {
+namespace py = pybind11;
+namespace pyd = pybind11::detail;
+
+struct value_ops {
+  void (*construct)(void*);
+  void (*destroy)(void*);
+  bool (*load)(void*, py::handle, bool);
+  void* (*value)(void*);
+  py::handle (*cast)(void*, py::return_value_policy, py::handle);  // casts the value in place, then destroys it
+  const char* arg_text;                     // type_descr(make_caster<V>::name): as argument_loader names it
+  const ::std::type_info* const* arg_types;
+  std::size_t n_arg_types;
+  const char* ret_text;                     // make_caster<V>::name: as the result is named
+  const ::std::type_info* const* ret_types;
+  std::size_t n_ret_types;
+};
+
+template <typename V>
+struct value_type {
+  using caster = pyd::make_caster<V>;
+  static constexpr auto arg_name = pyd::type_descr(caster::name);
+  static constexpr auto arg_types = decltype(arg_name)::types();
+  static constexpr auto ret_name = caster::name;
+  static constexpr auto ret_types = decltype(ret_name)::types();
+  static void construct(void* p) { ::new (p) caster(); }
+  static void destroy(void* p) { static_cast<caster*>(p)->~caster(); }
+  static bool load(void* p, py::handle h, bool convert) { return static_cast<caster*>(p)->load(h, convert); }
+  // the loaded value, where the caster holds one (a tuple's caster builds its tuple anew: a result type only)
+  static void* value(void* p) {
+    if constexpr (std::is_lvalue_reference<decltype(pyd::cast_op<V&>(*static_cast<caster*>(p)))>::value)
+      return &pyd::cast_op<V&>(*static_cast<caster*>(p));
+    else
+      return nullptr;
+  }
+  static py::handle cast(void* r, py::return_value_policy policy, py::handle parent) {
+    struct destroy_after { V* v; ~destroy_after() { v->~V(); } } done{static_cast<V*>(r)};
+    return caster::cast(std::move(*done.v), pyd::return_value_policy_override<V>::policy(policy), parent);
+  }
+  static constexpr value_ops ops{&construct, &destroy, &load, &value, &cast,
+                                 arg_name.text, arg_types.data(), arg_types.size() - 1,
+                                 ret_name.text, ret_types.data(), ret_types.size() - 1};
+};
+
+template <typename... V>
+struct value_table {
+  static constexpr std::size_t caster_size = std::max({sizeof(pyd::make_caster<V>)...});
+  static constexpr std::size_t value_size = std::max({sizeof(V)...});
+  static constexpr std::size_t align = std::max({alignof(pyd::make_caster<V>)..., alignof(V)...});
+  static constexpr const value_ops* ops[] = {&value_type<V>::ops...};
+};
+using values = value_table<@TYPES@>;
+constexpr unsigned kVoid = @VOID@;
+static_assert(sizeof(values::ops) / sizeof(values::ops[0]) == kVoid);
+constexpr auto void_name = pyd::make_caster<pyd::void_type>::name;
+constexpr auto void_types = decltype(void_name)::types();
+
+py::handle call_any(pyd::function_call& call) {
+  const auto& d = *static_cast<const kj_glue::fn_desc*>(call.func.data[2]);
+  // argument_loader: every caster constructed, then each loaded in turn (the first failure stops)
+  alignas(values::align) unsigned char casters[@MAX_ARGS@][values::caster_size];
+  struct destroy_casters {
+    const kj_glue::fn_desc& d;
+    unsigned (&built);
+    unsigned char (*casters)[values::caster_size];
+    ~destroy_casters() { for (unsigned i = built; i-- > 0;) values::ops[d.args[i]]->destroy(casters[i]); }
+  };
+  unsigned built = 0;
+  destroy_casters guard{d, built, casters};
+  for (; built < d.nargs; ++built) values::ops[d.args[built]]->construct(casters[built]);
+  for (unsigned i = 0; i < d.nargs; ++i)
+    if (!values::ops[d.args[i]]->load(casters[i], call.args[i], call.args_convert[i])) return PYBIND11_TRY_NEXT_OVERLOAD;
+  void* args[@MAX_ARGS@];
+  for (unsigned i = 0; i < d.nargs; ++i) args[i] = values::ops[d.args[i]]->value(casters[i]);
+  const py::return_value_policy policy = call.func.policy;
+  alignas(values::align) unsigned char result[values::value_size];
+  if (d.wrap) {
+    HANDLE_TH_ERRORS
+    torch::detail::conditional_gil_scoped_release<false> no_gil;
+    d.thunk(args, result);
+    END_HANDLE_TH_ERRORS_PYBIND
+  } else {
+    d.thunk(args, result);
+  }
+  if (d.ret == kVoid) return pyd::make_caster<pyd::void_type>::cast(pyd::void_type(), policy, call.parent);
+  return values::ops[d.ret]->cast(result, policy, call.parent);
+}
+
+class any_function : public py::cpp_function {
+ public:
+  any_function(const kj_glue::fn_desc* d, const char* name, py::handle scope, py::handle sibling, const char* doc) {
+    auto unique_rec = make_function_record();
+    auto* rec = unique_rec.get();
+    static_assert(sizeof(d->fn) == sizeof(void*));
+    std::memcpy(&rec->data[0], &d->fn, sizeof(void*));  // where cpp_function keeps a function pointer
+    rec->data[2] = const_cast<kj_glue::fn_desc*>(d);
+    rec->impl = &call_any;
+    rec->nargs_pos = static_cast<std::uint16_t>(d->nargs);
+    rec->has_args = false;
+    rec->has_kwargs = false;
+    pyd::process_attributes<py::name, py::scope, py::sibling, const char*>::init(
+        py::name(name), py::scope(scope), py::sibling(sibling), doc, rec);
+    // ReadableFunctionSignature: "(" + the arguments' names joined by ", " + ") -> " + the result's name
+    std::string text = "(";
+    std::vector<const ::std::type_info*> types;
+    for (unsigned i = 0; i < d->nargs; ++i) {
+      const value_ops& t = *values::ops[d->args[i]];
+      text += i ? ", " : "";
+      text += t.arg_text;
+      types.insert(types.end(), t.arg_types, t.arg_types + t.n_arg_types);
+    }
+    text += ") -> ";
+    if (d->ret == kVoid) {
+      text += void_name.text;
+      types.insert(types.end(), void_types.data(), void_types.data() + void_types.size() - 1);
+    } else {
+      const value_ops& t = *values::ops[d->ret];
+      text += t.ret_text;
+      types.insert(types.end(), t.ret_types, t.ret_types + t.n_ret_types);
+    }
+    types.push_back(nullptr);
+    initialize_generic(std::move(unique_rec), text.c_str(), types.data(), d->nargs);
+    if (!d->wrap) {  // a plain function pointer; wrap_pybind_function's lambda is not one
+      rec->is_stateless = true;
+      rec->data[1] = const_cast<void*>(static_cast<const void*>(d->type));
+    }
+  }
+};
+
+const char* const* kj_names;
+const char* const* kj_docs;
+const kj_glue::fn_desc* kj_fns;
+unsigned kj_n;
+}  // namespace
+
+PYBIND11_MODULE(kj_module, m) {
+  for (unsigned i = 0; i < kj_n; ++i) {  // m.def(name, f, doc), in load_inline's order
+    any_function func(&kj_fns[i], kj_names[i], m, py::getattr(m, kj_names[i], py::none()), kj_docs[i]);
+    m.add_object(kj_names[i], func, true);
+  }
+}
+
+extern "C" __attribute__((visibility("hidden"))) PyObject* @ENTRY@(const char* name, unsigned n,
+    const char* const* names, const char* const* docs, const kj_glue::fn_desc* fns) {
+  kj_names = names;
+  kj_docs = docs;
+  kj_fns = fns;
+  kj_n = n;
+  PyObject* def = PyInit_kj_module();
+  // the module's name as load_inline's PYBIND11_MODULE(<name>, m) spells it
+  if (def != nullptr && PyObject_TypeCheck(def, &PyModuleDef_Type))
+    reinterpret_cast<PyModuleDef*>(def)->m_name = name;
+  return def;
+}
+"""

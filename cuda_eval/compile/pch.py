@@ -1,5 +1,6 @@
 """The precompiled header of torch/extension.h for main.cpp: one per (toolchain, flag set), ~800 MB each, in a cache
-of its own; built in the background the first time a flag set is seen (that build compiles without it).
+of its own; built in the background the first time a flag set is seen (that build compiles without it). The same for
+the glue unit's prelude (ATen/core/Tensor.h, ~150 MB): a header is named by its file name and text.
 """
 from __future__ import annotations
 
@@ -31,20 +32,23 @@ class PchStore:
         self._lock = threading.Lock()
         self.failures: dict[str, str] = {}
 
-    def key(self, pch_flags: Sequence[str]) -> str:
-        blob = json.dumps({"flags": list(pch_flags), "toolchain": self.toolchain.ident(), "pch": 1}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+    def key(self, pch_flags: Sequence[str], header: tuple[str, str] | None = None) -> str:
+        blob = {"flags": list(pch_flags), "toolchain": self.toolchain.ident(), "pch": 1}
+        if header is not None:
+            blob["header"] = list(header)
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
-    def lookup(self, pch_flags: Sequence[str]) -> str | None:
-        """Directory holding PCH_HEADER and its .gch, if built."""
-        entry = self.cache.lookup(self.key(pch_flags), required=(PCH_HEADER + ".gch",))
+    def lookup(self, pch_flags: Sequence[str], header: tuple[str, str] | None = None) -> str | None:
+        """Directory holding the header (PCH_HEADER unless `header` = (file name, text)) and its .gch, if built."""
+        name = header[0] if header else PCH_HEADER
+        entry = self.cache.lookup(self.key(pch_flags, header), required=(name, name + ".gch"))
         return entry.path if entry else None
 
-    def ensure(self, pch_flags: Sequence[str], *, wait: bool) -> str | None:
-        path = self.lookup(pch_flags)
+    def ensure(self, pch_flags: Sequence[str], *, wait: bool, header: tuple[str, str] | None = None) -> str | None:
+        path = self.lookup(pch_flags, header)
         if path or self.toolchain.headers_use_extension_name:
             return path
-        key = self.key(pch_flags)
+        key = self.key(pch_flags, header)
         with self._lock:
             if key in self.failures:
                 return None
@@ -54,42 +58,43 @@ class PchStore:
             self._building.add(key)
         if not wait:
             if start:
-                threading.Thread(target=self._build, args=(list(pch_flags), key), daemon=True,
+                threading.Thread(target=self._build, args=(list(pch_flags), key, header), daemon=True,
                                  name="cuda_eval-pch").start()
             return None
         if start:
-            self._build(list(pch_flags), key)
+            self._build(list(pch_flags), key, header)
         else:
             while True:
                 with self._lock:
                     if key not in self._building:
                         break
                 time.sleep(0.2)
-        return self.lookup(pch_flags)
+        return self.lookup(pch_flags, header)
 
-    def _build(self, pch_flags: list[str], key: str) -> None:
+    def _build(self, pch_flags: list[str], key: str, header: tuple[str, str] | None) -> None:
         try:
             os.makedirs(self.work_root, exist_ok=True)
             work = tempfile.mkdtemp(prefix="pch-", dir=self.work_root)
             try:
                 dirs = BuildDirs.create(work)
-                header = write_private(dirs.src, PCH_HEADER, "#include <torch/extension.h>\n")
+                name, text = header or (PCH_HEADER, "#include <torch/extension.h>\n")
+                path = write_private(dirs.src, name, text)
                 with sb.SandboxSession(dirs.out) as session:
                     dirs.confine(session)
                     limits = dataclasses.replace(self.limits, wall_timeout_s=900, file_size_bytes=4 << 30)
-                    res = session.run([self.toolchain.cxx, *pch_flags, "-x", "c++-header", header, "-o",
-                                       PCH_HEADER + ".gch"], limits)
+                    res = session.run([self.toolchain.cxx, *pch_flags, "-x", "c++-header", path, "-o",
+                                       name + ".gch"], limits)
                     gch = None
                     if res["exit_code"] == 0:
                         try:
-                            gch = dirs.take(PCH_HEADER + ".gch", limits.file_size_bytes)
+                            gch = dirs.take(name + ".gch", limits.file_size_bytes)
                         except (OSError, UnsafeFile) as e:
                             res = {**res, "exit_code": -1, "stdout": b"", "stderr": str(e).encode()}
                 if gch is None:
                     with self._lock:
                         self.failures[key] = output_text(res)[-2000:]
                     return
-                self.cache.publish(key, {PCH_HEADER: header, PCH_HEADER + ".gch": gch},
+                self.cache.publish(key, {name: path, name + ".gch": gch},
                                    {"flags": pch_flags, "build_s": res["wall_s"]}, move=True)
             finally:
                 shutil.rmtree(work, ignore_errors=True)

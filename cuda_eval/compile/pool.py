@@ -181,11 +181,14 @@ class CompilePool:
         return self.submit(task_source, code).result()
 
     def warm(self, extra_cflags: tuple[str, ...] = ()) -> bool:
-        """Build the precompiled header for the default main.cpp flags (plus `extra_cflags`) now. True if ready."""
+        """Build the precompiled header for the default main.cpp flags (plus `extra_cflags`) now, and what glue
+        builds with them share (the glue prelude's PCH, the shared binding object). True if the PCH is ready."""
         if self.config.pch == "off":
             return False
         flags = self.toolchain.flags("warm", with_cuda=True, extra_cflags=extra_cflags)["cflags"]
-        return self.pch_store.ensure(pch_flags(flags), wait=True) is not None
+        ready = self.pch_store.ensure(pch_flags(flags), wait=True) is not None
+        self.builder.warm_glue(flags)
+        return ready
 
     def close(self) -> None:
         if not self._closed:

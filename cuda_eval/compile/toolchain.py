@@ -33,7 +33,7 @@ from cuda_eval.sandbox import safe_dirs
 from cuda_eval.static import flag_policy
 
 # Bump when the build (builder.py and its parts) changes what it produces for the same inputs (it addresses the cache).
-RECIPE_VERSION = "4"
+RECIPE_VERSION = "5"
 DEFAULT_ARCH = "sm_90"
 
 NAME = "KJNAMEPLACEHOLDER"

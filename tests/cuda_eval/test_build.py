@@ -125,14 +125,26 @@ def test_glue_plan_reads_plain_declarations(toolchain):
     assert 'static_assert(::std::is_same<decltype(&f), ::at::Tensor (*)(' in plan.glue_text
     assert "PyInit_ext()" in plan.glue_text and "PyInit_ext" not in plan.binding_text  # no extension named there
     assert plan.binding_text.startswith("#include <torch/extension.h>\n")
-    assert "m.def(kj_names[1], torch::wrap_pybind_function(*reinterpret_cast<kj_sig_1>(kj_fns[1])), kj_docs[1]);" \
-        in plan.binding_text
-    # the same signatures share one binding (and its key), whatever the names; the error-handling mode does not
-    other, _ = glue_mod.glue_plan(spec_from_load_inline(name="other", cpp_sources=cpp.replace(" f(", " h(").replace(
-        " g(", " i("), cuda_sources="", functions=["h", "i"]), toolchain)
-    assert other.key == plan.key and other.binding_text == plan.binding_text
-    plain, _ = glue_mod.glue_plan(glue(cpp, ("f", "g"), with_pytorch_error_handling=False), toolchain)
-    assert plain.key != plan.key and "m.def(kj_names[0], *reinterpret_cast<kj_sig_0>(kj_fns[0]), kj_docs[0]);" \
+    # known types: the one shared binding object, whatever the names, signatures and error-handling mode; the
+    # glue describes each function by its types' indices and calls it through a thunk
+    assert plan.shared and plan.binding_text == glue_mod.any_binding_text()
+    assert "#include <torch/" not in plan.prelude_text and "#include <ATen/core/Tensor.h>" in plan.prelude_text
+    assert "{&kj_thunk_0, 1, 4, 0, {0, 0, 11, 1}}" in plan.glue_text.replace(
+        "reinterpret_cast<void (*)()>(&f), &typeid(decltype(&f)), ", "{")
+    other, _ = glue_mod.glue_plan(spec_from_load_inline(name="other", cpp_sources="void h(float x);", cuda_sources="",
+                                                        functions=["h"], with_pytorch_error_handling=False), toolchain)
+    assert other.shared and other.key == plan.key and other.binding_text == plan.binding_text
+    assert f"&kj_thunk_0, 0, 1, {glue_mod.ANY_VOID}, {{12}}" in other.glue_text
+    # a type the shared binding has no caster for (a pointer, a reference result, a tuple argument): a binding
+    # object per signature set, load_inline's PYBIND11_MODULE for exactly those signatures
+    for odd in ("torch::Tensor f(torch::Tensor x, float* p);", "torch::Tensor& f(torch::Tensor x);",
+                "torch::Tensor f(std::tuple<torch::Tensor, torch::Tensor> x);"):
+        per_sig, _ = glue_mod.glue_plan(glue(odd), toolchain)
+        assert not per_sig.shared and "m.def(kj_names[0], torch::wrap_pybind_function(*reinterpret_cast<kj_sig_0>(" \
+            "kj_fns[0])), kj_docs[0]);" in per_sig.binding_text, odd
+        assert "namespace at { class Tensor; }" in per_sig.prelude_text
+    plain, _ = glue_mod.glue_plan(glue(odd, with_pytorch_error_handling=False), toolchain)
+    assert plain.key != per_sig.key and "m.def(kj_names[0], *reinterpret_cast<kj_sig_0>(kj_fns[0]), kj_docs[0]);" \
         in plain.binding_text
 
 
@@ -355,27 +367,49 @@ def test_sources_stay_ours_and_the_product_is_a_copy(toolchain, sandbox_tmp):
 
 GLUE_CPP = ("#include <torch/extension.h>\n"
             "torch::Tensor axpy(torch::Tensor a, torch::Tensor b, double s);\n"
-            "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n);\n")
+            "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n);\n"
+            "std::tuple<torch::Tensor, torch::Tensor> split2(const torch::Tensor& x, std::optional<torch::Tensor> w,"
+            " bool flip);\n"
+            "void fill(torch::Tensor x, float v, const std::vector<int64_t>& shape);\n"
+            "int64_t count(const std::vector<torch::Tensor>& xs, int k);\n")
+GLUE_FUNCTIONS = ["axpy", "pair", "split2", "fill", "count"]
 GLUE_CU = ("torch::Tensor axpy(torch::Tensor a, torch::Tensor b, double s) {\n"
            "    TORCH_CHECK(a.sizes() == b.sizes(), \"size mismatch\");\n"
            "    return a + b * s;\n"
            "}\n"
-           "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n) { return {x * n, x + n}; }\n")
+           "std::vector<torch::Tensor> pair(const torch::Tensor& x, int64_t n) { return {x * n, x + n}; }\n"
+           "std::tuple<torch::Tensor, torch::Tensor> split2(const torch::Tensor& x, std::optional<torch::Tensor> w,"
+           " bool flip) {\n"
+           "    auto y = w.has_value() ? x * *w : x;\n"
+           "    return flip ? std::make_tuple(y, x) : std::make_tuple(x, y);\n"
+           "}\n"
+           "void fill(torch::Tensor x, float v, const std::vector<int64_t>& shape) {\n"
+           "    TORCH_CHECK(x.dim() == (int64_t)shape.size(), \"rank \", x.dim());\n"
+           "    x.fill_(v);\n"
+           "}\n"
+           "int64_t count(const std::vector<torch::Tensor>& xs, int k) { return (int64_t)xs.size() * k; }\n")
 GLUE_PROBE = r"""
 import json, sys, torch
 from cuda_eval.worker.extension_loader import import_extension
 m = import_extension("glue_ext", sys.argv[1])
-out = {"name": m.__name__, "module": m.axpy.__module__, "docs": [m.axpy.__doc__, m.pair.__doc__],
+fns = [m.axpy, m.pair, m.split2, m.fill, m.count]
+x = torch.ones(2)
+out = {"name": m.__name__, "module": m.axpy.__module__, "docs": [f.__doc__ for f in fns],
        "names": sorted(n for n in dir(m) if not n.startswith("__")),
-       "axpy": m.axpy(torch.ones(3), torch.ones(3), 2.0).tolist(), "pair": [t.tolist() for t in m.pair(torch.ones(2), 3)]}
+       "axpy": m.axpy(torch.ones(3), torch.ones(3), 2.0).tolist(), "pair": [t.tolist() for t in m.pair(x, 3)],
+       "split2": [[t.tolist() for t in m.split2(x, w, f)] for w in (None, x * 3) for f in (False, True)],
+       "fill": [m.fill(x, 5, [2]), x.tolist()], "count": m.count([x, x, x], 2)}
 errors = []
 for call in (lambda: m.axpy(torch.ones(3), torch.ones(4), 2.0), lambda: m.axpy(1, 2, 3),
-             lambda: m.pair(torch.ones(2), 1.5), lambda: m.axpy(torch.ones(2), torch.ones(2), s=1.0)):
+             lambda: m.pair(torch.ones(2), 1.5), lambda: m.axpy(torch.ones(2), torch.ones(2), s=1.0),
+             lambda: m.split2(x, 3, True), lambda: m.fill(x, 1.0, [1, 2]), lambda: m.fill(x, "a", [2]),
+             lambda: m.count(x, 2), lambda: m.count([x], 2 ** 40), lambda: m.pair(x), lambda: m.split2(x, None, 1)):
     try:
         call()
         errors.append(None)
     except Exception as e:
-        errors.append(f"{type(e).__name__}: {e}".replace(sys.argv[1], "SO"))
+        text = f"{type(e).__name__}: {e}".replace(sys.argv[1], "SO")
+        errors.append(text if len(sys.argv) < 3 else text.splitlines()[0])
 out["errors"] = errors
 print(json.dumps(out))
 """
@@ -391,27 +425,43 @@ def test_glue_binding_behaves_as_load_inlines_main_cpp(toolchain, sandbox_tmp):
     import sys
     from cuda_eval.compile.cache import BuildCache
     cache = BuildCache(str(sandbox_tmp / "cache"), 1 << 30)
-    spec = spec_from_load_inline(name="glue_ext", cpp_sources=GLUE_CPP, cuda_sources=GLUE_CU,
-                                 functions=["axpy", "pair"])
     seen = {}
-    for mode in ("glue", "exact"):  # the exact build finds the glue build's cuda.o in the object cache
-        builder = Builder(toolchain, cache, config=BuildConfig(use_pch=False, glue_binding=mode == "glue"))
-        result = builder.build(spec, str(sandbox_tmp / mode), 900)
-        assert result.ok, result.raw_log
-        assert result.binding_mode == mode, result.binding_failure
-        probe = subprocess.run([sys.executable, "-c", GLUE_PROBE, result.so_path], capture_output=True, text=True,
-                               cwd=REPO, timeout=300)
-        assert probe.returncode == 0, probe.stderr
-        seen[mode] = json.loads(probe.stdout)
-    assert seen["glue"] == seen["exact"]
-    assert seen["glue"]["name"] == "glue_ext" and seen["glue"]["axpy"] == [3.0, 3.0, 3.0]
-    assert seen["glue"]["errors"][0] == "RuntimeError: size mismatch" and "incompatible function arguments" in \
-        seen["glue"]["errors"][1]
+    for wrap in (True, False):
+        spec = spec_from_load_inline(name="glue_ext", cpp_sources=GLUE_CPP, cuda_sources=GLUE_CU,
+                                     functions=GLUE_FUNCTIONS, with_pytorch_error_handling=wrap)
+        assert glue_mod.glue_plan(spec, toolchain)[0].shared
+        for mode in ("glue", "exact"):  # the exact build finds the glue build's cuda.o in the object cache
+            builder = Builder(toolchain, cache, config=BuildConfig(use_pch=False, glue_binding=mode == "glue"))
+            result = builder.build(spec, str(sandbox_tmp / f"{mode}{wrap}"), 900)
+            assert result.ok, result.raw_log
+            assert result.binding_mode == mode, result.binding_failure
+            # without the error handling a c10::Error's text carries a C++ backtrace: its first line is compared
+            probe = subprocess.run([sys.executable, "-c", GLUE_PROBE, result.so_path, *([] if wrap else ["1"])],
+                                   capture_output=True, text=True, cwd=REPO, timeout=300)
+            assert probe.returncode == 0, probe.stderr
+            seen[mode, wrap] = json.loads(probe.stdout)
+        assert seen["glue", wrap] == seen["exact", wrap]
+    glue = seen["glue", True]
+    assert glue["name"] == "glue_ext" and glue["axpy"] == [3.0, 3.0, 3.0] and glue["count"] == 6
+    assert glue["errors"][0] == "RuntimeError: size mismatch" and "incompatible function arguments" in \
+        glue["errors"][1]
+    assert glue["docs"][2].startswith("split2(arg0: torch.Tensor, arg1: torch.Tensor | None, arg2: bool) -> tuple[")
     renamed = spec_from_load_inline(name="glue_two", cpp_sources=GLUE_CPP.replace("axpy", "axpy2"),
-                                    cuda_sources=GLUE_CU.replace("axpy", "axpy2"), functions=["axpy2", "pair"])
+                                    cuda_sources=GLUE_CU.replace("axpy", "axpy2"),
+                                    functions=["axpy2"])  # another signature set: the same binding object
     again = Builder(toolchain, cache, config=BuildConfig(use_pch=False)).build(renamed, str(sandbox_tmp / "two"), 900)
     assert again.ok and again.binding_mode == "glue"
-    assert f"{glue_mod.BINDING_OBJECT} (cached)" in [p.name for p in again.phases]
+    names = [p.name for p in again.phases]
+    # only the binding object is shared: the glue unit and the .cu of the other sources are compiled anew
+    assert f"{glue_mod.BINDING_OBJECT} (cached)" in names and "g++ main.cpp (glue)" in names
+    assert "cuda.cuda.o (cached)" not in names and "main.o (cached)" not in names
+    probe = subprocess.run([sys.executable, "-c", "import sys, torch\n"
+                            "from cuda_eval.worker.extension_loader import import_extension\n"
+                            "m = import_extension('glue_two', sys.argv[1])\n"
+                            "print(m.axpy2(torch.ones(2), torch.ones(2), 3.0).tolist(), m.axpy2.__doc__)",
+                            again.so_path], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert probe.stdout.split("\n")[0] == "[4.0, 4.0] axpy2(arg0: torch.Tensor, arg1: torch.Tensor, arg2: " \
+        "typing.SupportsFloat | typing.SupportsIndex) -> torch.Tensor", probe.stderr
 
 
 @pytest.mark.nvcc
