@@ -118,7 +118,12 @@ def step_ray(args, n: int) -> None:
         ev = Evaluator(config(args, backend="ray"))
         ev.gpu_pool.device_info(timeout_s=600)
         deadline = time.monotonic() + 600
-        while len(ev.cluster.workers()["gpu"]) < n and time.monotonic() < deadline:
+        # compile workers register on their own (a node's compile actor starts after its GPU worker): wait for both,
+        # so the line below reports the pool the timed pass runs on
+        while time.monotonic() < deadline:
+            registered = ev.cluster.workers()
+            if len(registered["gpu"]) >= n and len(registered["compile"]) >= n:
+                break
             time.sleep(0.5)
         startup = time.monotonic() - t0
         workers = ev.cluster.workers()
