@@ -93,7 +93,7 @@ class GpuWorker:
         self.facts["sandbox"] = _sandbox_ready(st.sandbox)
         from cuda_eval.compile.cache import BuildCache
         from cuda_eval.compile.pool import usable_cpus
-        from cuda_eval.gpu_pool import GpuPool
+        from cuda_eval.orchestrator.gpu_pool import GpuPool
         from cuda_eval.sandbox import safe_dirs
         cache_dir = safe_dirs.ensure_dir(_cache_dir(st.cache_dir), 0o755, what="the build cache dir",
                                          fix=safe_dirs.fix_hint("EvalConfig.cache_dir / $CUDA_EVAL_CACHE_DIR"))

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from cuda_eval.api import EvalConfig, job_config
+from cuda_eval.api import EvalConfig
+from cuda_eval.orchestrator.evaluator import job_config
 from cuda_eval.protocol.job import JobConfig, JobPayload, PayloadError, RuntimeBuild
 
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from cuda_eval import scoring
+from cuda_eval.orchestrator import scoring
 from cuda_eval.api import EvalConfig, EvalRequest
 from cuda_eval.static import checks
 from test_api import make_evaluator, outcome, response, worker_result

@@ -13,7 +13,8 @@ import types
 
 import pytest
 
-from cuda_eval import _native, gpu_pool
+from cuda_eval import _native
+from cuda_eval.orchestrator import gpu_pool
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 from cuda_eval.sandbox import runner as sb
 
@@ -177,7 +178,7 @@ def test_spawn_lifetime_cap(sandbox_tmp):
 PARENT_THEN_KILLED = """
 import os, signal, sys, time
 sys.path[:0] = {paths!r}
-from cuda_eval import gpu_pool
+from cuda_eval.orchestrator import gpu_pool
 from cuda_eval.sandbox import runner as sb
 limits = sb.SandboxLimits(**{limits!r})
 argv = [sys.executable, "-c", "import time; time.sleep(120)"]

@@ -11,7 +11,8 @@ import tempfile
 
 import pytest
 
-from cuda_eval import _native, gpu_pool
+from cuda_eval import _native
+from cuda_eval.orchestrator import gpu_pool
 from cuda_eval.sandbox import cgroups, runner as sb
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from cuda_eval import host_memory
+from cuda_eval.orchestrator import host_memory
 from cuda_eval.protocol import channel
 from cuda_eval.protocol.channel import ChannelError
 from cuda_eval.sandbox import safe_dirs
