@@ -123,7 +123,7 @@ class EvalConfig:
             raise ValueError("EvalConfig.worker_memory_bytes must be >= 0 (0 = no limit)")
         if not self.host_memory_reserve_gib >= 0:
             raise ValueError("EvalConfig.host_memory_reserve_gib must be >= 0 (0 = the evaluator's default)")
-        from cuda_eval.sandbox.runner import parse_uid_range
+        from cuda_eval.sandbox.config import parse_uid_range
         try:
             parse_uid_range(self.sandbox_uids)
         except ValueError as e:

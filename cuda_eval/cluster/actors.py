@@ -40,10 +40,10 @@ def node_facts() -> dict:
 def _sandbox_ready(sandbox_settings: dict) -> dict:
     """The sandbox of this node as the evaluator would make it ({uid_range, allow_unsandboxed}, from EvalConfig);
     raises SandboxUnavailable (with the fix) if it cannot be made."""
-    from cuda_eval.sandbox import runner as sandbox
-    sandbox.configure(**sandbox_settings)
-    identity = sandbox.identity_mode()
-    iso = sandbox.isolation()
+    from cuda_eval.sandbox import config as sandbox_config, identity as sandbox_identity
+    sandbox_config.configure(**sandbox_settings)
+    identity = sandbox_identity.identity_mode()
+    iso = sandbox_identity.isolation()
     return {"identity": identity, "network": iso.get("network"), "memory_cgroup": iso.get("memory_cgroup")}
 
 

@@ -130,8 +130,8 @@ class Evaluator:
 
     def __init__(self, config: EvalConfig | None = None, *, compile_pool=None, gpu_pool=None):
         self.config = config = config or EvalConfig()
-        from cuda_eval.sandbox import runner as sandbox
-        sandbox.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
+        from cuda_eval.sandbox import config as sandbox_config
+        sandbox_config.configure(uid_range=config.sandbox_uids, allow_unsandboxed=config.allow_unsandboxed)
         self.cluster = None
         if config.backend == "ray" and (compile_pool is None or gpu_pool is None):
             try:

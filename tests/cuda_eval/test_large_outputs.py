@@ -12,7 +12,7 @@ import pytest
 import corpus_index
 from cuda_eval.api import EvalConfig, EvalRequest, Evaluator
 from cuda_eval.orchestrator.gpu_pool import GpuPool, PoolConfig
-from cuda_eval.sandbox import runner as sandbox
+from cuda_eval.sandbox import quota as sandbox_quota
 from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (the run's shared pool)
 
 HONEST_RELU = next(c for c in corpus_index.load("cpu") if c.name == "honest_relu")
@@ -77,17 +77,17 @@ def test_the_output_buffer_is_left_out_of_the_disk_quota():
     fd = os.memfd_create("quota-test")
     try:
         os.write(fd, b"x" * (1 << 20))
-        usage = sandbox._DiskUsage(1 << 40)
+        usage = sandbox_quota._DiskUsage(1 << 40)
         usage.open_deleted([os.getpid()])
         assert usage.total >= 1 << 20
-        key = sandbox.exempt_from_disk_quota(fd)
+        key = sandbox_quota.exempt_from_disk_quota(fd)
         try:
-            exempt = sandbox._DiskUsage(1 << 40)
+            exempt = sandbox_quota._DiskUsage(1 << 40)
             exempt.open_deleted([os.getpid()])
             assert exempt.total <= usage.total - (1 << 20)
         finally:
-            sandbox.end_disk_quota_exemption(key)
-        again = sandbox._DiskUsage(1 << 40)
+            sandbox_quota.end_disk_quota_exemption(key)
+        again = sandbox_quota._DiskUsage(1 << 40)
         again.open_deleted([os.getpid()])
         assert again.total >= 1 << 20
     finally:
