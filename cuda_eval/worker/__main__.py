@@ -462,14 +462,13 @@ class Worker:
 
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
-        through the compile stage's build.RuntimeBuilder (cache hit, or our build in this worker's directory)."""
+        through worker/runtime_build.py (cache hit, or our build in this worker's directory, in a child process)."""
         builder = None
         runtime = RuntimeBuild(**self.job["runtime_build"]) if self.job["runtime_build"] is not None else None
         if runtime:
-            from cuda_eval.compile.toolchain import Toolchain
             from cuda_eval.worker.runtime_build import RuntimeBuilder
             builder = RuntimeBuilder(runtime.cache_dir, os.path.join(self.workdir, "runtime_builds"),
-                                     toolchain=Toolchain.from_dict(runtime.toolchain), timeout_s=runtime.timeout_s)
+                                     toolchain=runtime.toolchain, timeout_s=runtime.timeout_s)
         extension_loader.install_prebuilt(self.modules, builder=builder)
 
     def _extension_functions(self, modules_before: set[str]) -> list:
