@@ -4,14 +4,10 @@
         results = ev.evaluate(requests)       # blocking, order preserved
         futures = ev.submit(requests)         # concurrent.futures, one per request
 
-The types of the contract (EvalConfig, EvalRequest, EvalResult: contract.py) and the evaluator that runs the
-pipeline (orchestrator/evaluator.py) are defined where they belong and named here; kevin_jax and launch/ import
-nothing else of cuda_eval. Pipeline per request: extract the program from the response (static/extraction.py) ->
-static policy (static/checks.py) -> compile pool (CPU workers, cached builds) -> GPU pool (pre-started workers, one candidate per GPU at a
-time) -> [re-timing in a fresh process when the speedup is suspiciously large] -> EvalResult + feedback. Compiles
-and GPU runs overlap: whenever a compile finishes its run is queued, so GPUs never wait for nvcc while work is
-queued. Importing this module does not import torch (the trainer runs JAX in-process).
-"""
+The types of the contract (EvalConfig, EvalRequest, EvalResult: contract.py; they live there so that the evaluator
+can use them without importing this door, which names it) and the evaluator that runs the pipeline
+(orchestrator/evaluator.py, its module doc says how) are named here; kevin_jax and launch/ import nothing else of
+cuda_eval. Importing this module does not import torch (the trainer runs JAX in-process).
 from __future__ import annotations
 
 from cuda_eval.contract import FEEDBACK_MODES, INTERNAL_ERROR, EvalConfig, EvalRequest, EvalResult

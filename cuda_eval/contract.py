@@ -16,7 +16,7 @@ from cuda_eval.orchestrator import scoring
 class EvalConfig:
     """Evaluator settings (the `eval` config section has exactly these field names)."""
     profile: str = "kevin"              # "kevin" | "kernelbench" | "strict": a named set of the fields below
-                                        # (cuda_eval/scoring.py; docs/EVALUATOR.md, "Profiles")
+                                        # (cuda_eval/orchestrator/scoring.py; docs/EVALUATOR.md, "Profiles")
     mode: str = "auto"                  # "full" (compile + run), "compile_only" (no GPU: nvcc only), "auto"
     device_type: str = "cuda"           # "cuda", or "cpu": C++ (with_cuda=False) candidates on CPU tensors (tests)
     devices: Any = "all"                # GPU indices: "all", "0,1", [0, 1] or 0
