@@ -8,6 +8,7 @@ The types of the contract (EvalConfig, EvalRequest, EvalResult: contract.py; the
 can use them without importing this door, which names it) and the evaluator that runs the pipeline
 (orchestrator/evaluator.py, its module doc says how) are named here; kevin_jax and launch/ import nothing else of
 cuda_eval. Importing this module does not import torch (the trainer runs JAX in-process).
+"""
 from __future__ import annotations
 
 from cuda_eval.contract import FEEDBACK_MODES, INTERNAL_ERROR, EvalConfig, EvalRequest, EvalResult
