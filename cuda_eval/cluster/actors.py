@@ -120,8 +120,9 @@ class GpuWorker:
             tc = tcmod.detect(st.arch if st.arch != "auto" else self.facts["arch"], cache_dir=self.cache_dir)
         except Exception:  # noqa: BLE001 - the prebuilt modules still run; a run-time build then fails clearly
             return None
+        from cuda_eval.sandbox.runtime import staged_path_map
         return dataclasses.asdict(RuntimeBuild(toolchain=tc.to_dict(), cache_dir=self.cache_dir,
-                                               timeout_s=st.compile_timeout_s))
+                                               timeout_s=st.compile_timeout_s, path_map=staged_path_map()))
 
     def run(self, payload: dict, timeout_s: float, *products: dict) -> dict:
         """One job of the GPU pool. `products`: the compile workers' {spec_hash: {name, sha256, data}}."""

@@ -428,8 +428,9 @@ class Evaluator:
         toolchain = getattr(self.compile_pool, "toolchain", None)
         if toolchain is None or not hasattr(toolchain, "to_dict"):
             return None
+        from cuda_eval.sandbox.runtime import staged_path_map
         return RuntimeBuild(toolchain=toolchain.to_dict(), cache_dir=getattr(self.compile_pool, "cache_dir", None),
-                            timeout_s=self.config.compile_timeout_s)
+                            timeout_s=self.config.compile_timeout_s, path_map=staged_path_map())
 
     def _apply_outcome(self, state: _State, outcome) -> dict | None:
         """Fold a worker outcome into the result; returns the worker's result dict (None if it crashed)."""

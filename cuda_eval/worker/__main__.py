@@ -468,7 +468,8 @@ class Worker:
         if runtime:
             from cuda_eval.worker.runtime_build import RuntimeBuilder
             builder = RuntimeBuilder(runtime.cache_dir, os.path.join(self.workdir, "runtime_builds"),
-                                     toolchain=runtime.toolchain, timeout_s=runtime.timeout_s)
+                                     toolchain=runtime.toolchain, timeout_s=runtime.timeout_s,
+                                     path_map=runtime.path_map)
         extension_loader.install_prebuilt(self.modules, builder=builder)
 
     def _extension_functions(self, modules_before: set[str]) -> list:

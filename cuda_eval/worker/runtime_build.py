@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import cuda_eval
 from cuda_eval.protocol.extension_spec import ExtensionSpec
@@ -29,19 +29,21 @@ class RuntimeBuildError(RuntimeError):
 class RuntimeBuilder:
     """builder(spec) -> so_path for extension_loader.install_prebuilt in the GPU worker: a hit in the compile stage's
     cache (`cache_dir` as in CompileConfig; read only), else our build in a fresh dir under `work_dir`. `toolchain` is
-    the compile stage's Toolchain as a dict (protocol.job.RuntimeBuild). Raises RuntimeBuildError if the build fails.
+    the compile stage's Toolchain as a dict and `path_map` where this sandbox uid reads its files (protocol.job.
+    RuntimeBuild). Raises RuntimeBuildError if the build fails.
 
         install_prebuilt(modules, builder=RuntimeBuilder(cache_dir, work_dir, toolchain=runtime.toolchain))
     """
 
-    def __init__(self, cache_dir: str | None, work_dir: str, *, toolchain: Mapping, timeout_s: float = 300.0):
+    def __init__(self, cache_dir: str | None, work_dir: str, *, toolchain: Mapping, timeout_s: float = 300.0,
+                 path_map: Sequence[Sequence[str]] = ()):
         self.cache_dir, self.work_dir, self.timeout_s = cache_dir, work_dir, timeout_s
-        self.toolchain = dict(toolchain)
+        self.toolchain, self.path_map = dict(toolchain), [list(e) for e in path_map]
         self.builds: list[dict] = []   # the summary of each build run (not of cache hits)
 
     def __call__(self, spec: ExtensionSpec) -> str:
         request = json.dumps({"spec": spec.to_dict(), "toolchain": self.toolchain, "cache_dir": self.cache_dir,
-                              "work_dir": self.work_dir, "timeout_s": self.timeout_s})
+                              "work_dir": self.work_dir, "timeout_s": self.timeout_s, "path_map": self.path_map})
         os.makedirs(self.work_dir, exist_ok=True)
         path = [PACKAGE_PARENT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
