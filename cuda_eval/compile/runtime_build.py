@@ -1,7 +1,7 @@
 """A build reached only at run time (a load_inline call the recorder never saw, e.g. inside forward), run for the
 candidate's worker as a process of its own: `python -m cuda_eval.compile.runtime_build`, a request as JSON on stdin
-(spec, toolchain, cache_dir, work_dir, timeout_s, path_map), the answer as JSON on stdout ({"so_path": ...} or {"error": the
-message, "build": the result's summary}). The worker starts it (worker/runtime_build.py) and imports none of this:
+(spec, toolchain, cache_dir, work_dir, timeout_s, path_map), the answer as JSON on stdout ({"so_path": ...} or
+{"error": the message, "build": the result's summary}). The worker starts it (worker/runtime_build.py) and imports none of this:
 the build's orchestration and the sandbox stay on the trusted side of the code, and the process runs inside the
 worker's sandbox, so its compilers run as that sandbox's uid (sandbox/identity.py: a sandbox started from inside one).
 
