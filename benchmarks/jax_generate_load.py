@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     on_gpu = jax.default_backend() == "gpu"
     share = None
     if args.yield_to_timing:
-        from cuda_eval.gpu_pool import DeviceShare
+        from cuda_eval.orchestrator.gpu_pool import DeviceShare
         visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") if v.strip()] or ["0"]
         share = DeviceShare.for_gpu(visible[0])
     config_ = SamplerConfig(temperature=0.9, max_slots=args.batch, max_seq_len=max_seq_len, page_size=page,

@@ -1,4 +1,4 @@
-"""The same candidates under two evaluation profiles (cuda_eval/scoring.py): which verdicts and flags differ between
+"""The same candidates under two evaluation profiles (orchestrator/scoring.py): which verdicts and flags differ between
 Kevin's training rules and KernelBench's?
 
     python benchmarks/profiles_compare.py --out $OUT/profiles.json          # a GPU, ~5 min on an H100 + 16 cores

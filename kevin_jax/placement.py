@@ -255,7 +255,7 @@ HOST_TRAINER_GIB = 40             # the trainer process: CUDA contexts, compiled
 EVAL_PROCESS_GIB = 0.8            # one idle cuda_eval process (a judge or a spare worker: torch and a CUDA context)
 EVAL_JOB_GIB = 2.0                # a running candidate's inputs and outputs, judge and worker (KernelBench levels
 #                                   1-2, median; the largest-output tasks need up to ~18 GiB a GPU: their output
-#                                   buffers wait for room or get task_too_large, cuda_eval.gpu_pool)
+#                                   buffers wait for room or get task_too_large, cuda_eval.orchestrator.gpu_pool)
 COMPILE_JOB_GIB = 4.3             # one build of a candidate at its peak, its phases side by side (the .cu's host
 #                                   and device chains, the binding object beside them): 4.29 GiB of anonymous memory
 #                                   over 12 realistic candidates (benchmarks/compile_cost.py --workers 1); its largest

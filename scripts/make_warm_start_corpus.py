@@ -44,7 +44,7 @@ correct), its role ("variant": "slow" | "fast") and "feedback_speedups": "measur
 attempt shows the measured speedup of that program and the task's measured reference time.
 The attempts are stored as the environment carries them (code and summary as env.parse extracts them from the earlier
 answer, plus the feedback text), and kevin_jax.sft renders them through the environment's PromptRenderer. Feedback is
-cuda_eval.feedback.render of a hand-built EvalResult: a compile error (the log in the shape cuda_eval's cleaned nvcc
+cuda_eval's feedback.render of a hand-built EvalResult: a compile error (the log in the shape cuda_eval's cleaned nvcc
 log has), a wrong output (no error magnitudes: none were measured) or a correct kernel with its timing.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script from a checkout: the repo's packages
 
-from cuda_eval import feedback
+from cuda_eval.orchestrator import feedback
 from cuda_eval.api import EvalResult
 
 from kevin_jax.env.parse import parse_response

@@ -1,6 +1,8 @@
 """The layout of cuda_eval is its architecture: docs/ARCHITECTURE.md's map names every module (and nothing that is
 gone), only worker/ runs candidate code and nothing outside it imports it (the launchers, scripts and benchmarks
-neither), the worker imports no sandbox, and kevin_jax and launch/ reach the evaluator only through cuda_eval.api.
+neither), the worker reaches nothing of the trusted side (no sandbox, no build, no orchestrator, no judge), the judge
+is imported by nobody, the protocol belongs to neither side, and kevin_jax and launch/ reach the evaluator only
+through cuda_eval.api.
 In kevin_jax, RL does not import the evaluation (the evaluation reads RL's checkpoints and advantages). The import
 graph is test_import_cycles.py's (function-level imports count)."""
 import ast
@@ -133,17 +135,63 @@ def test_the_launchers_reach_cuda_eval_only_through_the_api():
     assert not {f: n for f, n in bad.items() if n}
 
 
-@pytest.mark.xfail(strict=True, reason="the worker's run-time build (worker/runtime_build.py) builds through "
-                   "compile/builder.py, which runs the compilers through sandbox/runner.py; a build entry of the "
-                   "worker's own without the sandbox is not made yet")
-def test_the_worker_imports_no_sandbox(graph):
-    seen, todo = set(), [m for m in graph if m.startswith("cuda_eval.worker")]
+def reached(graph: dict[str, set[str]], prefix: str) -> set[str]:
+    """Every module the modules under `prefix` import, directly or through others."""
+    seen, todo = set(), [m for m in graph if m.startswith(prefix)]
     while todo:
         for nxt in graph.get(todo.pop(), ()):
             if nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)
+    return seen
+
+
+def test_the_worker_imports_no_sandbox(graph):
+    """The worker's run-time build starts the build as a process (compile/runtime_build.py) instead of importing it."""
+    seen = reached(graph, "cuda_eval.worker")
+    assert "cuda_eval.protocol.harness" in seen     # the walk follows the worker's imports
     assert not sorted(m for m in seen if m.startswith("cuda_eval.sandbox")), "the worker reaches the sandbox"
+
+
+# What the candidate's worker may reach: its own code, the protocol both sides speak, the profiler, and the static
+# policy's lists of operations (static/checks.py, read by the tracer, with the parser lock it takes).
+WORKER_MAY_REACH = ("cuda_eval.worker", "cuda_eval.protocol", "cuda_eval.profile")
+SHARED_POLICY = {"cuda_eval", "cuda_eval.static.checks", "cuda_eval.static.pysource"}
+
+
+def test_the_worker_reaches_nothing_of_the_trusted_side(graph):
+    """Nothing of the trainer's process (orchestrator/, compile/, sandbox/, cluster/, api, contract) nor the judge."""
+    seen = reached(graph, "cuda_eval.worker")
+    bad = sorted(m for m in seen if not m.startswith(WORKER_MAY_REACH) and m not in SHARED_POLICY)
+    assert not bad, f"the worker reaches trusted code: {bad}"
+
+
+def test_only_the_judge_imports_the_judge(graph):
+    """The judge is a process of its own (`python -m cuda_eval.judge`): started, never imported."""
+    outside = {m: sorted(e for e in edges if e.startswith("cuda_eval.judge"))
+               for m, edges in graph.items() if not m.startswith("cuda_eval.judge")}
+    assert not {m: e for m, e in outside.items() if e}, "imports the judge's code"
+
+
+def test_the_protocol_belongs_to_neither_side(graph):
+    """protocol/ is what the judge and the worker both speak: it imports neither of them, nor the trainer's side."""
+    seen = reached(graph, "cuda_eval.protocol")
+    assert "cuda_eval.protocol.wire" in seen
+    bad = sorted(m for m in seen if not m.startswith("cuda_eval.protocol") and m not in SHARED_POLICY)
+    assert not bad, f"the protocol reaches one side: {bad}"
+
+
+# The script that writes the affine trials' exception list runs the judge's own trials (judge/affine.py) on each task.
+RUNS_THE_JUDGES_TRIALS = {"scripts/affine_exceptions.py"}
+
+
+@pytest.mark.parametrize("folder", ["launch", "scripts", "benchmarks"])
+def test_launchers_scripts_and_benchmarks_import_no_judge(folder):
+    """The judge runs as a process the GPU pool starts, with the judge's settings: a launcher or benchmark that
+    imported it would judge outside it."""
+    bad = {f: sorted(n for n in names if n.startswith("cuda_eval.judge"))
+           for f, names in script_imports(folder).items() if f not in RUNS_THE_JUDGES_TRIALS}
+    assert not {f: n for f, n in bad.items() if n}, "imports the judge's code"
 
 
 def test_rl_does_not_import_the_evaluation(graph):

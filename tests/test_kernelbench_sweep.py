@@ -61,7 +61,7 @@ def task(name: str) -> str:
 
 
 def test_the_candidates_pass_the_kernelbench_static_rules_and_share_one_build():
-    from cuda_eval import scoring
+    from cuda_eval.orchestrator import scoring
     from cuda_eval.static import checks
     from cuda_eval.static.static_record import static_record_specs
     keys = set()

@@ -40,10 +40,10 @@ def node_facts() -> dict:
 def _sandbox_ready(sandbox_settings: dict) -> dict:
     """The sandbox of this node as the evaluator would make it ({uid_range, allow_unsandboxed}, from EvalConfig);
     raises SandboxUnavailable (with the fix) if it cannot be made."""
-    from cuda_eval.sandbox import runner as sandbox
-    sandbox.configure(**sandbox_settings)
-    identity = sandbox.identity_mode()
-    iso = sandbox.isolation()
+    from cuda_eval.sandbox import config as sandbox_config, identity as sandbox_identity
+    sandbox_config.configure(**sandbox_settings)
+    identity = sandbox_identity.identity_mode()
+    iso = sandbox_identity.isolation()
     return {"identity": identity, "network": iso.get("network"), "memory_cgroup": iso.get("memory_cgroup")}
 
 
@@ -93,7 +93,7 @@ class GpuWorker:
         self.facts["sandbox"] = _sandbox_ready(st.sandbox)
         from cuda_eval.compile.cache import BuildCache
         from cuda_eval.compile.pool import usable_cpus
-        from cuda_eval.gpu_pool import GpuPool
+        from cuda_eval.orchestrator.gpu_pool import GpuPool
         from cuda_eval.sandbox import safe_dirs
         cache_dir = safe_dirs.ensure_dir(_cache_dir(st.cache_dir), 0o755, what="the build cache dir",
                                          fix=safe_dirs.fix_hint("EvalConfig.cache_dir / $CUDA_EVAL_CACHE_DIR"))
@@ -120,8 +120,9 @@ class GpuWorker:
             tc = tcmod.detect(st.arch if st.arch != "auto" else self.facts["arch"], cache_dir=self.cache_dir)
         except Exception:  # noqa: BLE001 - the prebuilt modules still run; a run-time build then fails clearly
             return None
+        from cuda_eval.sandbox.runtime import staged_path_map
         return dataclasses.asdict(RuntimeBuild(toolchain=tc.to_dict(), cache_dir=self.cache_dir,
-                                               timeout_s=st.compile_timeout_s))
+                                               timeout_s=st.compile_timeout_s, path_map=staged_path_map()))
 
     def run(self, payload: dict, timeout_s: float, *products: dict) -> dict:
         """One job of the GPU pool. `products`: the compile workers' {spec_hash: {name, sha256, data}}."""

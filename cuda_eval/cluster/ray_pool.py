@@ -438,7 +438,7 @@ class RayGpuPool:
 
     @staticmethod
     def _finish(value: dict, slot: _Slot, job: _Job):
-        from cuda_eval.gpu_pool import WorkerOutcome
+        from cuda_eval.orchestrator.gpu_pool import WorkerOutcome
         data = dict(value)
         placement = _short(data.pop("placement", None) or slot.facts)
         placement.update(attempts=job.attempts, **({"lost_on": job.lost_on} if job.lost_on else {}))

@@ -29,10 +29,11 @@ import time
 from cuda_eval.compile import toolchain as tcmod
 from cuda_eval.compile.builder import COMPILE_NICE, BuildConfig, Builder, BuildResult
 from cuda_eval.compile.cache import BuildCache, UnsafeFile, read_untrusted
-from cuda_eval.compile import kernel_symbols
+from cuda_eval.protocol import kernel_symbols
 from cuda_eval.compile.pch import PchStore, pch_flags
 from cuda_eval.protocol.extension_spec import CANDIDATE_FILE, RECORD_FILE, TASK_FILE, BuiltModule, ExtensionSpec
 from cuda_eval.sandbox import runner as sb, safe_dirs
+from cuda_eval.sandbox.identity import identity_mode
 from cuda_eval.sandbox.runtime import world_readable
 from cuda_eval.static import flag_policy
 from cuda_eval.static.static_record import speculate_specs, static_record_specs
@@ -146,7 +147,7 @@ class CompilePool:
         # Recorded specs hold candidates' sources: a store only we can read (the builds cache is sandbox-readable).
         self.records = BuildCache(os.path.join(self.cache_dir, "records"), config.record_cache_max_bytes,
                                   private=True)
-        if sb.identity_mode() == "dedicated" and not world_readable(self.cache.root):
+        if identity_mode() == "dedicated" and not world_readable(self.cache.root):
             raise ValueError(f"cache_dir {self.cache_dir} is not readable by the sandbox uids (an ancestor lacks "
                              "o+x, e.g. /root): use a directory like /var/tmp/cuda_eval_cache")
         self.toolchain = tcmod.detect(config.arch, cache_dir=self.cache_dir)

@@ -244,7 +244,7 @@ class BuiltModule:
     spec_key: str = ""          # ExtensionSpec.key(): how stage 2 recognises the load_inline call
     header_mode: str = ""       # "light" | "exact" | "light_failed_exact" | "cpp" (how the .cu was compiled)
     build_s: float = 0.0
-    # The kernel symbols of its device code, read from the built file by the compile stage (compile/kernel_symbols):
+    # The kernel symbols of its device code, read from the built file by the compile stage (protocol/kernel_symbols):
     # the candidate's kernels, known by what its build produced; None when they could not be read.
     kernels: list | None = None
 

@@ -135,10 +135,16 @@ class RuntimeBuild:
     toolchain: dict                 # compile/toolchain.Toolchain.to_dict()
     cache_dir: str | None           # the compile stage's cache, read only
     timeout_s: float
+    # [real prefix, staged prefix] pairs: where the worker's sandbox uid reads the toolchain's files that it cannot
+    # read where they are (sandbox/runtime.py); empty where it reads them as they are
+    path_map: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         _checked(self, "runtime_build")
         _check(self.toolchain, dict, "runtime_build.toolchain")
+        if not all(isinstance(e, (list, tuple)) and len(e) == 2 and all(isinstance(x, str) for x in e)
+                   for e in _check(self.path_map, list, "runtime_build.path_map")):
+            raise PayloadError("runtime_build.path_map: expected a list of [real prefix, staged prefix]")
 
 
 def kernels_known(modules: list) -> bool:

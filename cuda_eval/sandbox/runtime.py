@@ -436,6 +436,12 @@ _lock = threading.Lock()
 _view: list[RuntimeView] = []
 
 
+def staged_path_map() -> list[list[str]]:
+    """[real prefix, staged prefix] for every path a sandbox uid reaches through the staged runtime (as root, where
+    candidates run as dedicated uids); [] otherwise (a sandbox of our own uid reads our paths as they are)."""
+    return [list(e) for e in runtime_view().path_map] if os.geteuid() == 0 else []
+
+
 def runtime_view() -> RuntimeView:
     """The (cached) view of our runtime for a sandbox uid; stages what it cannot read. Raises OSError/RuntimeError
     if that is impossible (the sandbox then refuses to start: see sandbox.SandboxUnavailable)."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from cuda_eval.compile import kernel_symbols
+from cuda_eval.protocol import kernel_symbols
 from cuda_eval.profile import kernel_profiler
 from cuda_eval.protocol import channel, device_kernels, harness, timing, tracing, wire
 from cuda_eval.protocol.channel import ChannelError
@@ -475,14 +475,14 @@ class Worker:
 
     def _install_prebuilt(self) -> None:
         """load_inline/load now return the modules the compile stage built; a build reached only at run time goes
-        through the compile stage's build.RuntimeBuilder (cache hit, or our build in this worker's directory)."""
+        through worker/runtime_build.py (cache hit, or our build in this worker's directory, in a child process)."""
         builder = None
         runtime = RuntimeBuild(**self.job["runtime_build"]) if self.job["runtime_build"] is not None else None
         if runtime:
-            from cuda_eval.compile.toolchain import Toolchain
             from cuda_eval.worker.runtime_build import RuntimeBuilder
             builder = RuntimeBuilder(runtime.cache_dir, os.path.join(self.workdir, "runtime_builds"),
-                                     toolchain=Toolchain.from_dict(runtime.toolchain), timeout_s=runtime.timeout_s)
+                                     toolchain=runtime.toolchain, timeout_s=runtime.timeout_s,
+                                     path_map=runtime.path_map)
         if builder is not None:
             builder = self._reading_kernels(builder)
         extension_loader.install_prebuilt(self.modules, builder=builder)

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cuda_eval.api import EvalConfig, EvalRequest, EvalResult, Evaluator, crash_message, resolve_devices
-from cuda_eval.gpu_pool import WorkerOutcome
+from cuda_eval.api import EvalConfig, EvalRequest, EvalResult, Evaluator
+from cuda_eval.orchestrator.devices import resolve_devices
+from cuda_eval.orchestrator.evaluator import crash_message
+from cuda_eval.orchestrator.gpu_pool import WorkerOutcome
 from sandbox_fixtures import TEST_ARCH, compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (shared pool)
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -109,7 +111,7 @@ def test_a_slow_batch_says_how_many_verdicts_are_in(tmp_path, caplog):
     config = EvalConfig(mode="full", ref_timing_cache_dir=str(tmp_path / "ref"))
     ev = Evaluator(config, compile_pool=CompilePoolFake(),
                    gpu_pool=SlowGpuPoolFake(lambda p: outcome(worker_result()), delay_s=0.5))
-    with caplog.at_level(logging.INFO, logger="cuda_eval.api"):
+    with caplog.at_level(logging.INFO, logger="cuda_eval.orchestrator.evaluator"):
         results = ev.evaluate([EvalRequest("t", RELU_TASK, "no code here", "a"),
                                EvalRequest("t", RELU_TASK, response(HONEST), "b")], progress_every_s=0.1)
     assert [r.request_id for r in results] == ["a", "b"] and results[1].correct
@@ -276,7 +278,7 @@ def test_compile_only_verdicts_with_real_nvcc(compile_pool):  # noqa: F811  (the
 
 
 def test_reference_timing_cache_on_disk(tmp_path):
-    from cuda_eval.ref_timing import ReferenceTimingCache, task_hash
+    from cuda_eval.orchestrator.ref_timing import ReferenceTimingCache, task_hash
     assert task_hash("a = 1  \r\nb = 2\n") == task_hash("a = 1\nb = 2")
     assert task_hash("a = 1") != task_hash("a = 2")
     one, two = ReferenceTimingCache(str(tmp_path)), ReferenceTimingCache(str(tmp_path))
@@ -297,7 +299,7 @@ def test_reference_timing_cache_on_disk(tmp_path):
 
 
 def test_gpu_indices_follow_our_visible_devices(monkeypatch):
-    from cuda_eval.gpu_pool import _physical_device
+    from cuda_eval.orchestrator.gpu_pool import _physical_device
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert _physical_device("1") == "3"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from cuda_eval.sandbox import runner as sb
+from cuda_eval.sandbox import identity as sandbox_identity
 from sandbox_fixtures import (built_add, candidate_pair, compile_pool, make_pool, run_lock,  # noqa: F401
                               shared_dir, toolchain)
 
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 TASK, ADD = candidate_pair("add")
 RECORD_TIMEOUT = 30   # generous: a loaded 2-core CI box needs ~5-10 s just to import torch
 COMPILE_TIMEOUT = 30
-DEDICATED = sb.identity_mode() == "dedicated"
+DEDICATED = sandbox_identity.identity_mode() == "dedicated"
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,12 @@ import os
 
 import pytest
 
-from cuda_eval.compile import glue as glue_mod, kernel_symbols, nvcc, sources, toolchain as tcmod
-from cuda_eval.compile.builder import BuildConfig, Builder, BuildError
+from cuda_eval.compile import glue as glue_mod, nvcc, sources, toolchain as tcmod
+from cuda_eval.compile.builder import BuildConfig, Builder
+from cuda_eval.protocol import kernel_symbols
 from cuda_eval.protocol.extension_spec import ExtensionSpec, spec_from_load_inline
 from cuda_eval.worker.extension_loader import import_extension
-from cuda_eval.worker.runtime_build import RuntimeBuilder
+from cuda_eval.worker.runtime_build import RuntimeBuildError, RuntimeBuilder
 from sandbox_fixtures import run_lock, sandbox_tmp, shared_dir, toolchain  # noqa: F401 - fixtures
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -331,11 +332,11 @@ def test_object_cache_reuses_unchanged_translation_units(toolchain, sandbox_tmp)
 
 @pytest.mark.nvcc
 def test_runtime_builder_builds_unseen_specs_and_reports_failures(toolchain, sandbox_tmp):
-    rb = RuntimeBuilder(None, str(sandbox_tmp / "rt"), toolchain=toolchain)
+    rb = RuntimeBuilder(None, str(sandbox_tmp / "rt"), toolchain=toolchain.to_dict())
     so = rb(tiny_spec("rt_ok"))
-    assert import_extension("rt_ok", so).plus_one(1) == 2 and len(rb.builds) == 1
+    assert import_extension("rt_ok", so).plus_one(1) == 2 and len(rb.builds) == 1 and rb.builds[0]["ok"]
     bad = TINY_CU.replace("return n + 1;", "return n + undefined_thing;")
-    with pytest.raises(BuildError, match="undefined_thing"):
+    with pytest.raises(RuntimeBuildError, match=r"(?s)Error building extension \(compile_error\):\n.*undefined_thing"):
         rb(tiny_spec("rt_bad", bad))
 
 

@@ -23,7 +23,7 @@ from cuda_eval.compile.pch import PchStore
 from cuda_eval.compile.pool import ERROR_KINDS, MAX_RECORD_BYTES, RecordCorrupted, read_record
 from cuda_eval.protocol import extension_spec as cand
 from cuda_eval.protocol.extension_spec import ExtensionSpec, spec_from_load_inline
-from cuda_eval.sandbox import runner as sb
+from cuda_eval.sandbox import identity as sandbox_identity, runner as sb
 from cuda_eval.static import flag_policy, static_record
 from cuda_eval.static.extraction import extract_code
 from cuda_eval.static.static_record import speculate_specs
@@ -32,7 +32,7 @@ from sandbox_fixtures import compile_pool, run_lock, sandbox_tmp, shared_dir, to
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
 ROOT = os.geteuid() == 0
-DEDICATED = ROOT and sb.identity_mode() == "dedicated"
+DEDICATED = ROOT and sandbox_identity.identity_mode() == "dedicated"
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root (file ownership of sandbox uids)")
 needs_dedicated = pytest.mark.skipif(not DEDICATED, reason="needs root with dedicated sandbox uids")
 SECRET = b"CANARY-SECRET: root's own file\n"

@@ -96,5 +96,5 @@ def test_runtime_builder_finds_the_compile_stage_build(built_add, shared_dir, to
     """A build reached only at run time in the GPU worker is a cache hit when the compile stage built it."""
     from cuda_eval.worker.runtime_build import RuntimeBuilder
     spec = cand.ExtensionSpec.from_dict(built_add.specs[0])
-    rb = RuntimeBuilder(str(shared_dir / "cache"), str(shared_dir / "rt"), toolchain=toolchain)
+    rb = RuntimeBuilder(str(shared_dir / "cache"), str(shared_dir / "rt"), toolchain=toolchain.to_dict())
     assert rb(spec) == built_add.modules[0].so_path and rb.builds == []

@@ -1,6 +1,6 @@
 """feedback.render: one branch per outcome, each saying what the model needs to fix."""
 from cuda_eval.api import EvalResult
-from cuda_eval.feedback import render
+from cuda_eval.orchestrator.feedback import render
 
 
 def result(**kw) -> EvalResult:

@@ -5,7 +5,7 @@ import os
 import stat
 import time
 
-from cuda_eval.gpu_pool import GpuPool, PoolConfig
+from cuda_eval.orchestrator.gpu_pool import GpuPool, PoolConfig
 
 
 def pool(tmp_path, name, **kw):
@@ -62,7 +62,7 @@ def test_a_planted_lock_dir_is_not_followed(tmp_path):
 
 def _share_loop(lock_path, stop, hold_s):
     """A sampler: one device call after another, each inside the share."""
-    from cuda_eval.gpu_pool import DeviceShare
+    from cuda_eval.orchestrator.gpu_pool import DeviceShare
     share = DeviceShare(lock_path, lock_path + ".intent")
     while not stop.is_set():
         with share:
@@ -78,7 +78,7 @@ def test_a_sharing_sampler_lets_the_judge_time_within_one_of_its_calls(tmp_path)
 
     import pytest
 
-    from cuda_eval.gpu_pool import DeviceShare, _open_lock
+    from cuda_eval.orchestrator.gpu_pool import DeviceShare, _open_lock
     from cuda_eval.protocol.harness import Device
     lock = str(tmp_path / "device-0.lock")
     device = Device.__new__(Device)   # the lock logic alone (no torch device set-up)

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from cuda_eval.api import EvalConfig, job_config
+from cuda_eval.api import EvalConfig
+from cuda_eval.orchestrator.evaluator import job_config
 from cuda_eval.protocol.job import JobConfig, JobPayload, PayloadError, RuntimeBuild
 
 
@@ -36,6 +37,7 @@ def test_a_payload_round_trips_through_json():
     (lambda d: d.update(kind="guess"), "payload.kind"),
     (lambda d: d.update(code=None), "payload.code"),
     (lambda d: d.update(kernel_names=[1]), "payload.kernel_names"),
+    (lambda d: d["runtime_build"].update(path_map=[["/real"]]), "runtime_build.path_map"),
 ])
 def test_a_malformed_payload_is_refused(edit, message):
     data = json.loads(json.dumps(payload().to_dict()))

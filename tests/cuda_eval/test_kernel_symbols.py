@@ -1,4 +1,4 @@
-"""The candidate's kernels, read from its built binary (compile/kernel_symbols.py): what the build produced, never
+"""The candidate's kernels, read from its built binary (protocol/kernel_symbols.py): what the build produced, never
 what the source's text mentions or what a kernel is called."""
 import os
 import struct
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from cuda_eval.compile import kernel_symbols
+from cuda_eval.protocol import kernel_symbols
 
 # Real kernels named like an allocator's copy and like our digest, a templated one in a namespace and an extern "C"
 # one; kernels that exist only in a comment, a string and a dead #if 0 block.

@@ -11,8 +11,8 @@ import pytest
 
 import corpus_index
 from cuda_eval.api import EvalConfig, EvalRequest, Evaluator
-from cuda_eval.gpu_pool import GpuPool, PoolConfig
-from cuda_eval.sandbox import runner as sandbox
+from cuda_eval.orchestrator.gpu_pool import GpuPool, PoolConfig
+from cuda_eval.sandbox import quota as sandbox_quota
 from sandbox_fixtures import compile_pool, run_lock, shared_dir, toolchain  # noqa: F401  (the run's shared pool)
 
 HONEST_RELU = next(c for c in corpus_index.load("cpu") if c.name == "honest_relu")
@@ -77,17 +77,17 @@ def test_the_output_buffer_is_left_out_of_the_disk_quota():
     fd = os.memfd_create("quota-test")
     try:
         os.write(fd, b"x" * (1 << 20))
-        usage = sandbox._DiskUsage(1 << 40)
+        usage = sandbox_quota._DiskUsage(1 << 40)
         usage.open_deleted([os.getpid()])
         assert usage.total >= 1 << 20
-        key = sandbox.exempt_from_disk_quota(fd)
+        key = sandbox_quota.exempt_from_disk_quota(fd)
         try:
-            exempt = sandbox._DiskUsage(1 << 40)
+            exempt = sandbox_quota._DiskUsage(1 << 40)
             exempt.open_deleted([os.getpid()])
             assert exempt.total <= usage.total - (1 << 20)
         finally:
-            sandbox.end_disk_quota_exemption(key)
-        again = sandbox._DiskUsage(1 << 40)
+            sandbox_quota.end_disk_quota_exemption(key)
+        again = sandbox_quota._DiskUsage(1 << 40)
         again.open_deleted([os.getpid()])
         assert again.total >= 1 << 20
     finally:
@@ -117,7 +117,8 @@ class _HostDevice:
 
 
 def _bare_job(input_bytes: int, output_bytes: int, **fields):
-    from cuda_eval.api import EvalConfig, job_config
+    from cuda_eval.api import EvalConfig
+    from cuda_eval.orchestrator.evaluator import job_config
     from cuda_eval.judge.job import Job
     job = Job.__new__(Job)   # no socket, no task: the judge's own arithmetic only
     job.device, job.flags, job.meta, job.groups, job.revealed = _HostDevice(), [], {}, [], []
@@ -230,7 +231,7 @@ def test_the_pool_refuses_outputs_over_the_judges_own_memory_limit():
     import threading
     import time
 
-    from cuda_eval import gpu_pool
+    from cuda_eval.orchestrator import gpu_pool
     pool = GpuPool.__new__(GpuPool)    # the grant's arithmetic only: no processes
     pool.config = PoolConfig(device_type="cpu", devices=("cpu0",), data_bytes=16 << 30)
     pool._memory, pool._granted, pool._counter = threading.Condition(), {}, iter(range(100))
@@ -249,7 +250,7 @@ def test_output_buffers_leave_a_large_host_its_share_free(monkeypatch):
     import threading
     import time
 
-    from cuda_eval import host_memory
+    from cuda_eval.orchestrator import host_memory
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert 1 << 28 < host_memory.host_memory_total() <= physical       # the container's limit, where there is one
     fake_total = {"bytes": 500 << 30}
@@ -273,7 +274,7 @@ def test_a_trainer_sets_the_reserve_an_output_buffer_leaves(monkeypatch):
     import threading
     import time
 
-    from cuda_eval import gpu_pool, host_memory
+    from cuda_eval.orchestrator import gpu_pool, host_memory
     from cuda_eval.api import EvalConfig, Evaluator
     monkeypatch.setattr(host_memory, "host_memory_total", lambda: 500 << 30)
     monkeypatch.setattr(host_memory, "host_memory_available", lambda: 12 << 30)

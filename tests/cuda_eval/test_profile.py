@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_eval import feedback
+from cuda_eval.orchestrator import feedback
 from cuda_eval.api import EvalRequest, EvalResult
 from cuda_eval.profile import kernel_profile as kp
 

@@ -74,7 +74,7 @@ def test_a_failed_profile_gives_the_plain_text_and_a_reason(verdicts, name, reas
 
 
 def test_the_fallback_is_logged(compile_pool, caplog):  # noqa: F811
-    with caplog.at_level(logging.INFO, logger="cuda_eval.api"), \
+    with caplog.at_level(logging.INFO, logger="cuda_eval.orchestrator.evaluator"), \
             Evaluator(cpu_config(), compile_pool=compile_pool) as ev:
         r = ev.evaluate([request(SABOTEURS["raise_when_profiled"], "profile")])[0]
     assert r.correct and not r.hack_flags

@@ -1,11 +1,11 @@
-"""Evaluation profiles (cuda_eval/scoring.py): named sets of EvalConfig fields, KernelBench's static rules, and
+"""Evaluation profiles (orchestrator/scoring.py): named sets of EvalConfig fields, KernelBench's static rules, and
 flags that are advisory under the kernelbench profile but zero the score under kevin. The pipeline runs with the
 pool fakes of test_api (CompilePoolFake, GpuPoolFake): these tests are about the verdict's assembly."""
 import dataclasses
 
 import pytest
 
-from cuda_eval import scoring
+from cuda_eval.orchestrator import scoring
 from cuda_eval.api import EvalConfig, EvalRequest
 from cuda_eval.static import checks
 from test_api import make_evaluator, outcome, response, worker_result

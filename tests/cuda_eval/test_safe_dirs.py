@@ -9,7 +9,7 @@ import pytest
 
 from cuda_eval.compile import toolchain as tc
 from cuda_eval.compile.cache import BuildCache
-from cuda_eval.ref_timing import ReferenceTimingCache
+from cuda_eval.orchestrator.ref_timing import ReferenceTimingCache
 from cuda_eval.sandbox import safe_dirs
 from sandbox_fixtures import run_lock, sandbox_tmp, shared_dir, toolchain  # noqa: F401 - fixtures
 
@@ -125,7 +125,7 @@ def test_every_other_trusted_dir_owned_by_another_uid_is_refused(sandbox_tmp, wh
         with pytest.raises(safe_dirs.UnsafeDirectory, match="compile work root"):
             CompilePool(CompileConfig(cache_dir=str(sandbox_tmp / "cache"), work_root=str(foreign), pch="off"))
     elif which == "run_dir":
-        from cuda_eval.gpu_pool import GpuPool, PoolConfig
+        from cuda_eval.orchestrator.gpu_pool import GpuPool, PoolConfig
         with pytest.raises(safe_dirs.UnsafeDirectory, match="worker run dir.*EvalConfig.run_dir"):
             GpuPool(PoolConfig(devices=(), run_dir=str(foreign)), spawn=lambda *a, **k: None)
     elif which == "ref_timing":

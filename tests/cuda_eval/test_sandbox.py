@@ -13,11 +13,16 @@ import types
 
 import pytest
 
-from cuda_eval import _native, gpu_pool
+from cuda_eval import _native
+from cuda_eval.orchestrator import gpu_pool
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
 from cuda_eval.sandbox import runner as sb
 
-DEDICATED = sb.identity_mode() == "dedicated"
+DEDICATED = sandbox_identity.identity_mode() == "dedicated"
 ROOT_WITHOUT_UID = os.geteuid() == 0 and not DEDICATED
 needs_dedicated = pytest.mark.skipif(not DEDICATED, reason="needs root and a usable dedicated sandbox uid")
 
@@ -51,7 +56,7 @@ def test_environment_is_an_allow_list(sandbox_tmp, monkeypatch):
     assert "KEVIN_SECRET_TOKEN" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == "3"
     assert env["HOME"] == str(sandbox_tmp / "work") and env["TMPDIR"] == str(sandbox_tmp / "work")
-    assert sb.PACKAGE_PARENT in env["PYTHONPATH"].split(os.pathsep) or DEDICATED
+    assert sandbox_environment.PACKAGE_PARENT in env["PYTHONPATH"].split(os.pathsep) or DEDICATED
 
 
 def test_output_is_capped_and_the_rest_drained(sandbox_tmp):
@@ -144,7 +149,7 @@ def test_cannot_write_outside_its_dir_and_temp_files_are_swept(sandbox_tmp):
 def test_runs_under_a_leased_uid_that_is_released(sandbox_tmp):
     res = run(sandbox_tmp, "import os; print(os.getuid(), os.getgid())")
     uid, gid = map(int, res["stdout"].split())
-    assert uid == res["uid"] and uid >= sb.IDENTITY.uid_base and gid == uid
+    assert uid == res["uid"] and uid >= sandbox_config.IDENTITY.uid_base and gid == uid
     assert os.stat(sandbox_tmp / "work").st_uid == uid
 
 
@@ -177,7 +182,11 @@ def test_spawn_lifetime_cap(sandbox_tmp):
 PARENT_THEN_KILLED = """
 import os, signal, sys, time
 sys.path[:0] = {paths!r}
-from cuda_eval import gpu_pool
+from cuda_eval.orchestrator import gpu_pool
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
 from cuda_eval.sandbox import runner as sb
 limits = sb.SandboxLimits(**{limits!r})
 argv = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -282,21 +291,25 @@ def test_cuda_timer_rejects_a_missing_library():
 # --- fail closed ------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root only: not root, our own uid is the sandbox identity")
 def test_running_candidates_as_root_is_refused(sandbox_tmp, monkeypatch):
-    monkeypatch.setattr(sb.IDENTITY, "mode", "same")
-    with pytest.raises(sb.SandboxUnavailable, match="refused as root"):
+    monkeypatch.setattr(sandbox_config.IDENTITY, "mode", "same")
+    with pytest.raises(sandbox_config.SandboxUnavailable, match="refused as root"):
         run(sandbox_tmp, "open('ran', 'w')")
-    with pytest.raises(sb.SandboxUnavailable):
-        sb.identity_mode()
+    with pytest.raises(sandbox_config.SandboxUnavailable):
+        sandbox_identity.identity_mode()
     assert not (sandbox_tmp / "work" / "ran").exists()
 
 
 UNUSABLE_UID = """
 import os, sys
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
 from cuda_eval.sandbox import runner as sb
 try:
     res = sb.run_sandboxed([sys.executable, "-c", "open('ran', 'w')"], {work!r}, sb.SandboxLimits(wall_timeout_s=30))
     print("RAN", res["uid"], res["stderr"][-500:])
-except sb.SandboxUnavailable as e:
+except sandbox_config.SandboxUnavailable as e:
     print("UNAVAILABLE", e)
 """
 
@@ -308,7 +321,7 @@ def test_an_unusable_sandbox_uid_fails_closed_with_the_fix_in_the_message(sandbo
     private = sandbox_tmp / "private"
     private.mkdir(mode=0o700)
     os.chmod(private, 0o700)
-    shutil.copytree(os.path.join(sb.PACKAGE_PARENT, "cuda_eval"), private / "cuda_eval",
+    shutil.copytree(os.path.join(sandbox_environment.PACKAGE_PARENT, "cuda_eval"), private / "cuda_eval",
                     ignore=shutil.ignore_patterns("__pycache__"))
     foreign = sandbox_tmp / "runtime"
     foreign.mkdir()
@@ -336,7 +349,7 @@ except OSError as e:
 
 @needs_dedicated
 def test_no_network_for_sandboxed_processes(sandbox_tmp):
-    info = sb.isolation()
+    info = sandbox_identity.isolation()
     if info["network"] != "isolated":
         pytest.skip(f"no network namespace here: {info['network_note']}")
     listener = socket.create_server(("127.0.0.1", 0))
@@ -391,7 +404,7 @@ def test_pass_fds_arrive_as_fd_3_and_nothing_else_leaks(sandbox_tmp):
 
 # --- world-writable dirs -----------------------------------------------------------------------------------------
 def test_world_writable_dirs_are_discovered():
-    dirs = sb.world_writable_dirs()
+    dirs = sandbox_sweeps.world_writable_dirs()
     for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue", "/run/shm"):
         if os.path.isdir(d) and os.stat(d).st_mode & stat.S_IWOTH:
             assert os.path.realpath(d) in dirs, d

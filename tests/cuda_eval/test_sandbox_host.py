@@ -11,11 +11,19 @@ import tempfile
 
 import pytest
 
-from cuda_eval import _native, gpu_pool
-from cuda_eval.sandbox import cgroups, runner as sb
+from cuda_eval import _native
+from cuda_eval.orchestrator import gpu_pool
+from cuda_eval.sandbox import cgroups
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import leases as sandbox_leases
+from cuda_eval.sandbox import probes as sandbox_probes
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
+from cuda_eval.sandbox import runner as sb
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
-DEDICATED = sb.identity_mode() == "dedicated"
+DEDICATED = sandbox_identity.identity_mode() == "dedicated"
 needs_dedicated = pytest.mark.skipif(not DEDICATED, reason="needs root and a usable dedicated sandbox uid")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="as root only")
 
@@ -56,7 +64,7 @@ def test_a_message_queue_does_not_outlive_its_candidate(sandbox_tmp):
     name = f"/cuda_eval_test_mq_{os.getpid()}"
     first = sb.run_sandboxed(py(MQ, name, "create"), str(sandbox_tmp / "a"), LIMITS)
     assert first["exit_code"] == 0, first["stderr"][-2000:]
-    assert first["stdout"].strip() == b"opened" or not sb.isolation()["ipc"] == "isolated", first
+    assert first["stdout"].strip() == b"opened" or not sandbox_identity.isolation()["ipc"] == "isolated", first
     later = sb.run_sandboxed(py(MQ, name, "open"), str(sandbox_tmp / "b"), LIMITS)
     assert later["stdout"].startswith(b"failed No such file"), later
     assert not _host_can_open(name)
@@ -74,9 +82,9 @@ print(*[libc.shmget(0, int(size), 0o1600) >= 0 for size in sys.argv[1:]])  # IPC
 def test_sysv_shared_memory_is_bounded_in_the_candidates_namespace(sandbox_tmp):
     """SysV shared memory is RAM no rlimit counts, and in the candidate's own IPC namespace the disk-quota watchdog
     cannot see it: that namespace's shmmax/shmall are set to the sandbox's shared-memory budget."""
-    if sb.isolation()["ipc"] != "isolated":
+    if sandbox_identity.isolation()["ipc"] != "isolated":
         pytest.skip("no IPC namespaces here: SysV IPC is swept and counted in the quota instead")
-    res = sb.run_sandboxed(py(SHMGET, str(64 << 20), str(sb.SHM_BYTES + 1)), str(sandbox_tmp / "w"), LIMITS)
+    res = sb.run_sandboxed(py(SHMGET, str(64 << 20), str(sandbox_config.SHM_BYTES + 1)), str(sandbox_tmp / "w"), LIMITS)
     assert res["stdout"] == b"True False\n", res
 
 
@@ -98,7 +106,7 @@ def test_without_an_ipc_namespace_message_queues_are_refused_and_swept(sandbox_t
     """Where no IPC namespace can be made (a container without CAP_SYS_ADMIN: simulated here by the probe's
     answer), a candidate gets RLIMIT_MSGQUEUE 0, so it cannot make a queue at all; and one made by another route (the
     control: the same uid without that limit) is removed with the lease, like its SysV IPC."""
-    monkeypatch.setitem(sb._ns_results, "ipc", "simulated for the test: no CAP_SYS_ADMIN")
+    monkeypatch.setitem(sandbox_probes._ns_results, "ipc", "simulated for the test: no CAP_SYS_ADMIN")
     name = f"/cuda_eval_test_mq_fallback_{os.getpid()}"
     with _mqueue_mount() as mounted:
         with sb.SandboxSession(str(sandbox_tmp / "s")) as session:
@@ -164,14 +172,20 @@ def test_a_memory_cgroup_bounds_what_rlimits_do_not_see(sandbox_tmp, monkeypatch
 # --- (c) one lease of each uid for the whole machine; one pool per run dir -----------------------------------------
 HOLD_LEASE = """
 import os, sys
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import leases as sandbox_leases
+from cuda_eval.sandbox import probes as sandbox_probes
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
 from cuda_eval.sandbox import runner as sb
-sb.configure(uid_range=sys.argv[1])
+sandbox_config.configure(uid_range=sys.argv[1])
 try:
-    lease = sb._lease_uid()
+    lease = sandbox_leases._lease_uid()
     print("leased", lease.uid, flush=True)
     sys.stdin.read()
     lease.release()
-except sb.SandboxUnavailable as e:
+except sandbox_config.SandboxUnavailable as e:
     print("unavailable", e, flush=True)
 """
 
@@ -181,8 +195,9 @@ def _fresh_uids(n: int) -> list[int]:
     for _ in range(200):
         first = random.randrange(62000, 64900)
         uids = list(range(first, first + n))
-        if all(not os.path.exists(os.path.join(sb.LEASE_DIR, f"{u}.lock")) and sb._account_of(u) is None
-               and not sb._uid_pids(u) for u in uids):
+        if all(not os.path.exists(os.path.join(sandbox_leases.LEASE_DIR, f"{u}.lock"))
+               and sandbox_leases._account_of(u) is None
+               and not sandbox_sweeps._uid_pids(u) for u in uids):
             return uids
     pytest.skip("no fresh uids found")
 
@@ -192,7 +207,7 @@ def test_evaluators_with_different_lock_settings_never_share_a_uid():
     """Two evaluators (processes) that were told different lock dirs (the old per-evaluator setting) still lease
     from one machine-wide place: with one uid in the range, the second one waits for it instead of sharing it."""
     uid = _fresh_uids(1)[0]
-    env = {**os.environ, "PYTHONPATH": sb.PACKAGE_PARENT}
+    env = {**os.environ, "PYTHONPATH": sandbox_environment.PACKAGE_PARENT}
     first = subprocess.Popen(py(HOLD_LEASE, f"{uid}-{uid}"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env={**env, "CUDA_EVAL_SANDBOX_LOCK_DIR": "/tmp/cuda_eval_test_locks_a"})
     try:
@@ -228,14 +243,14 @@ def test_uids_with_an_account_are_never_leased(monkeypatch):
     import pwd
     owned = {p.pw_uid for p in pwd.getpwall()}
     uid = next(u for u in sorted(owned) if 0 < u < 65000 and u + 1 not in owned and u + 2 not in owned)
-    monkeypatch.setattr(sb.IDENTITY, "uid_base", uid)
-    monkeypatch.setattr(sb.IDENTITY, "slots", 1)
+    monkeypatch.setattr(sandbox_config.IDENTITY, "uid_base", uid)
+    monkeypatch.setattr(sandbox_config.IDENTITY, "slots", 1)
     name = pwd.getpwuid(uid).pw_name
-    with pytest.raises(sb.SandboxUnavailable, match=f"used by someone else \\({uid}: user '{name}'"):
-        sb._lease_uid()
-    monkeypatch.setattr(sb.IDENTITY, "slots", 2)
+    with pytest.raises(sandbox_config.SandboxUnavailable, match=f"used by someone else \\({uid}: user '{name}'"):
+        sandbox_leases._lease_uid()
+    monkeypatch.setattr(sandbox_config.IDENTITY, "slots", 2)
     for _ in range(6):
-        lease = sb._lease_uid()
+        lease = sandbox_leases._lease_uid()
         assert lease.uid == uid + 1
         lease.release()
 
@@ -250,15 +265,15 @@ def test_a_uid_someone_else_uses_is_skipped_and_left_alone(monkeypatch, caplog):
     os.chown(planted, owner, owner)
     proc = _native.spawn(["sleep", "120"], env={"PATH": "/usr/bin:/bin"}, cwd="/", limits={}, output_cap_bytes=1024,
                          uid=busy, gid=busy, sweep_uid=False)
-    monkeypatch.setattr(sb.IDENTITY, "uid_base", busy)
-    monkeypatch.setattr(sb.IDENTITY, "slots", 3)
+    monkeypatch.setattr(sandbox_config.IDENTITY, "uid_base", busy)
+    monkeypatch.setattr(sandbox_config.IDENTITY, "slots", 3)
     # every scan starts at the busy uid: from a random start a scan may lease the free one before it looks at the
     # busy one (8 scans missed it 1 time in 26), and the warning this test reads would not come
-    monkeypatch.setattr(sb.random, "randrange", lambda n: 0)
+    monkeypatch.setattr(sandbox_leases.random, "randrange", lambda n: 0)
     try:
-        with caplog.at_level(logging.WARNING, logger="cuda_eval.sandbox.runner"):
+        with caplog.at_level(logging.WARNING, logger="cuda_eval.sandbox.leases"):
             for _ in range(8):
-                lease = sb._lease_uid()
+                lease = sandbox_leases._lease_uid()
                 assert lease.uid == free
                 lease.release()
         assert proc.alive and os.path.exists(planted)
@@ -272,7 +287,7 @@ def test_a_uid_someone_else_uses_is_skipped_and_left_alone(monkeypatch, caplog):
 
 def test_the_uid_range_is_validated():
     from cuda_eval.api import EvalConfig
-    assert sb.parse_uid_range("60000-60999") == (60000, 60999)
+    assert sandbox_config.parse_uid_range("60000-60999") == (60000, 60999)
     for bad in ("60000", "0-10", "60999-60000", "65000-66000", "a-b", "60000-"):
         with pytest.raises(ValueError, match="sandbox_uids"):
             EvalConfig(sandbox_uids=bad)
@@ -285,6 +300,12 @@ import json, logging, os, socket, sys
 os.environ.pop({inside!r}, None)        # a normal user's evaluator, not a sandbox started from a sandbox
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from cuda_eval import _native
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import leases as sandbox_leases
+from cuda_eval.sandbox import probes as sandbox_probes
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
 from cuda_eval.sandbox import runner as sb
 out = {{"uid": os.getuid()}}
 try:  # what the kernel allows, asked directly (not through the sandbox's choice of mode)
@@ -318,24 +339,25 @@ r["oom"] = open("/proc/self/oom_score_adj").read().strip()
 print(json.dumps(r))
 '''
 if {simulate_no_userns!r}:
-    sb._ns_results["user"] = "simulated for the test: this kernel refuses unprivileged user namespaces"
+    sandbox_probes._ns_results["user"] = "simulated for the test: this kernel refuses unprivileged user namespaces"
 limits = sb.SandboxLimits(wall_timeout_s=60)
 try:
     res = sb.run_sandboxed([sys.executable, "-c", probe, str(os.getpid()), here], os.path.join(here, "w"), limits)
     out["probe"] = json.loads(res["stdout"] or "null") or res["stderr"].decode()[-2000:]
-except sb.SandboxUnavailable as e:
+except sandbox_config.SandboxUnavailable as e:
     out["refused"] = str(e)
-    sb.configure(allow_unsandboxed=True)
+    sandbox_config.configure(allow_unsandboxed=True)
     res = sb.run_sandboxed([sys.executable, "-c", probe, str(os.getpid()), here], os.path.join(here, "w"), limits)
     out["probe"] = json.loads(res["stdout"])
-out["isolation"] = sb.isolation()
+out["isolation"] = sandbox_identity.isolation()
 print(json.dumps(out))
 """
 
 
 def _unprivileged(sandbox_tmp, simulate_no_userns: bool) -> tuple[dict, str]:
     """Run UNPRIVILEGED as a non-root uid (a leased sandbox uid: it can run our staged interpreter)."""
-    code = UNPRIVILEGED.format(inside=sb.INSIDE_SANDBOX_ENV, tag=os.getpid(), simulate_no_userns=simulate_no_userns)
+    code = UNPRIVILEGED.format(inside=sandbox_config.INSIDE_SANDBOX_ENV, tag=os.getpid(),
+                               simulate_no_userns=simulate_no_userns)
     with sb.SandboxSession(str(sandbox_tmp / "user")) as session:
         res = session.run(py(code), sb.SandboxLimits(wall_timeout_s=120, processes=256))
     assert res["exit_code"] == 0, res["stderr"].decode()[-3000:]
@@ -377,6 +399,12 @@ GPU_IN_NAMESPACES = """
 import os, sys
 os.environ.pop({inside!r}, None)
 from cuda_eval import _native
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
+from cuda_eval.sandbox import leases as sandbox_leases
+from cuda_eval.sandbox import probes as sandbox_probes
+from cuda_eval.sandbox import sweeps as sandbox_sweeps
 from cuda_eval.sandbox import runner as sb
 try:
     _native.run(["true"], env={{}}, cwd="/", timeout_s=30, limits={{}}, output_cap_bytes=1024, userns=True,
@@ -388,7 +416,7 @@ code = "import torch; x = torch.ones(4, device='cuda'); print((2 * x).sum().item
 res = sb.run_sandboxed([sys.executable, "-c", code], os.path.join(os.getcwd(), "w"),
                        sb.SandboxLimits(wall_timeout_s=300, address_space_bytes=None, data_bytes=32 << 30,
                                         processes=4096))
-print(sb.isolation()["identity"], res["stdout"].decode().strip(), res["stderr"].decode()[-3000:])
+print(sandbox_identity.isolation()["identity"], res["stdout"].decode().strip(), res["stderr"].decode()[-3000:])
 """
 
 
@@ -398,7 +426,7 @@ def test_cuda_works_inside_user_namespaces(sandbox_tmp):
     """The non-root evaluator's isolation (read-only root, fresh /proc, private /dev/shm, new namespaces) leaves a
     GPU usable."""
     with sb.SandboxSession(str(sandbox_tmp / "user")) as session:
-        res = session.run(py(GPU_IN_NAMESPACES.format(inside=sb.INSIDE_SANDBOX_ENV)),
+        res = session.run(py(GPU_IN_NAMESPACES.format(inside=sandbox_config.INSIDE_SANDBOX_ENV)),
                           sb.SandboxLimits(wall_timeout_s=400, address_space_bytes=None, data_bytes=32 << 30,
                                            processes=4096))
     out = res["stdout"].decode()

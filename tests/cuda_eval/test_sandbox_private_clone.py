@@ -14,10 +14,13 @@ import tempfile
 
 import pytest
 
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
 from cuda_eval.sandbox import runner as sb
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
-PACKAGE_DIR = os.path.join(sb.PACKAGE_PARENT, "cuda_eval")
+PACKAGE_DIR = os.path.join(sandbox_environment.PACKAGE_PARENT, "cuda_eval")
 REPO = os.path.dirname(PACKAGE_DIR)
 
 pytestmark = [
@@ -28,8 +31,11 @@ pytestmark = [
 IN_CLONE = """
 import json, os, sys
 import cuda_eval
+from cuda_eval.sandbox import config as sandbox_config
+from cuda_eval.sandbox import environment as sandbox_environment
+from cuda_eval.sandbox import identity as sandbox_identity
 from cuda_eval.sandbox import runner as sb
-info = sb.isolation()
+info = sandbox_identity.isolation()
 code = ("import json, os, sys, cuda_eval, cuda_eval._native, torch\\n"
         "print(json.dumps(dict(uid=os.getuid(), exe=sys.executable, pkg=cuda_eval.__file__,"
         " native=cuda_eval._native.__file__, torch=torch.__file__)))")
@@ -91,7 +97,7 @@ def test_a_clone_in_a_private_folder_runs_sandboxed_from_staged_copies(private_c
     assert got["ours"] == os.path.join(clone, "cuda_eval", "__init__.py")  # the evaluator ran the private copy
     assert got["exit"] == 0, got["err"]
     inside = json.loads(got["out"])
-    assert got["info"]["identity"] == "dedicated" and inside["uid"] == got["uid"] >= sb.IDENTITY.uid_base
+    assert got["info"]["identity"] == "dedicated" and inside["uid"] == got["uid"] >= sandbox_config.IDENTITY.uid_base
     for key in ("exe", "pkg", "native", "torch"):
         assert inside[key].startswith(runtime + os.sep), (key, inside[key])
     assert inside["native"].endswith(".so")

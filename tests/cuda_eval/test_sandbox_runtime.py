@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cuda_eval.sandbox import runner as sb, runtime as rt
+from cuda_eval.sandbox import identity as sandbox_identity, runner as sb, runtime as rt
 from cuda_eval.sandbox.runtime import RuntimeView, runtime_view, why_unreadable, world_readable
 from sandbox_fixtures import sandbox_tmp  # noqa: F401 - fixture
 
@@ -40,7 +40,7 @@ def test_map_path_longest_prefix_first():
 def test_the_view_runs_for_the_sandbox_uid(sandbox_tmp):
     view = runtime_view()
     assert world_readable(view.python) or os.geteuid() != 0
-    if sb.identity_mode() == "dedicated":
+    if sandbox_identity.identity_mode() == "dedicated":
         env = dict(view.env)
         out = subprocess.run([view.python, "-c", "import cuda_eval, torch; print('ok')"], capture_output=True,
                              text=True, env={**os.environ, **env}, timeout=120)

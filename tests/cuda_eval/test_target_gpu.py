@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cuda_eval import api
+from cuda_eval.orchestrator import devices
 from cuda_eval.api import EvalConfig
 from cuda_eval.compile import toolchain as tc
 from cuda_eval.static import flag_policy
@@ -46,13 +46,13 @@ def fake_gpus(tmp_path, monkeypatch):
     def set_gpus(description: str) -> None:
         monkeypatch.setenv("FAKE_GPUS", description)
         count = len([g for g in description.split(";") if g])
-        monkeypatch.setattr(api, "visible_gpu_count", lambda: count)
+        monkeypatch.setattr(devices, "visible_gpu_count", lambda: count)
     return set_gpus
 
 
 @pytest.mark.parametrize("capability, arch", CAPABILITIES)
 def test_arch_of_each_compute_capability(capability, arch):
-    assert api.arch_of_capability(capability) == arch
+    assert devices.arch_of_capability(capability) == arch
     assert tc.normalize_arch(capability) == arch
 
 
@@ -62,7 +62,7 @@ def test_the_build_targets_the_cards_arch(fake_gpus, capability, arch):
     """A card of each capability: the evaluator's arch is its own, torch's flags for it name it (-gencode), and a
     candidate may ask for that arch but not a newer one."""
     fake_gpus(f"NVIDIA card {capability}|{capability}")
-    assert api.target_arch(EvalConfig()) == arch
+    assert devices.target_arch(EvalConfig()) == arch
     num = arch[3:]
     flags = tc.describe(arch)["templates"]["1/0/0"]["cuda_cflags"]
     assert f"-gencode=arch=compute_{num},code=sm_{num}" in flags, flags
@@ -75,31 +75,31 @@ def test_the_build_targets_the_cards_arch(fake_gpus, capability, arch):
 
 def test_the_evaluators_own_devices_decide(fake_gpus, monkeypatch):
     fake_gpus("NVIDIA H100 80GB HBM3|9.0;NVIDIA L40S|8.9")
-    assert api.target_arch(EvalConfig(devices="1")) == "sm_89"
-    assert api.target_gpu_name(EvalConfig(devices="1")) == "NVIDIA L40S"
-    assert api.target_gpu_name(EvalConfig(devices="0")) == "NVIDIA H100 80GB HBM3"
+    assert devices.target_arch(EvalConfig(devices="1")) == "sm_89"
+    assert devices.target_gpu_name(EvalConfig(devices="1")) == "NVIDIA L40S"
+    assert devices.target_gpu_name(EvalConfig(devices="0")) == "NVIDIA H100 80GB HBM3"
     with pytest.raises(ValueError, match="different architectures"):
-        api.target_arch(EvalConfig(devices="all"))
-    assert api.target_arch(EvalConfig(devices="all", arch="8.9")) == "sm_89"     # the override
+        devices.target_arch(EvalConfig(devices="all"))
+    assert devices.target_arch(EvalConfig(devices="all", arch="8.9")) == "sm_89"     # the override
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")                               # device 0 = physical 1
-    monkeypatch.setattr(api, "visible_gpu_count", lambda: 1)
-    assert api.target_gpu_name(EvalConfig(devices="0")) == "NVIDIA L40S"
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 1)
+    assert devices.target_gpu_name(EvalConfig(devices="0")) == "NVIDIA L40S"
 
 
 def test_without_a_gpu_the_card_of_the_arch_is_named(fake_gpus):
     fake_gpus("")
-    assert api.target_arch(EvalConfig()) == tc.DEFAULT_ARCH == "sm_90"
-    assert api.target_gpu_name(EvalConfig()) == api.DEFAULT_GPU_NAME == "NVIDIA H100"
-    assert api.target_gpu_name(EvalConfig(arch="8.0")) == "NVIDIA A100"
-    assert api.target_gpu_name(EvalConfig(arch="sm_100")) == "NVIDIA B200"
-    assert api.target_gpu_name(EvalConfig(arch="sm_87")) == "NVIDIA GPU of compute capability 8.7"
+    assert devices.target_arch(EvalConfig()) == tc.DEFAULT_ARCH == "sm_90"
+    assert devices.target_gpu_name(EvalConfig()) == devices.DEFAULT_GPU_NAME == "NVIDIA H100"
+    assert devices.target_gpu_name(EvalConfig(arch="8.0")) == "NVIDIA A100"
+    assert devices.target_gpu_name(EvalConfig(arch="sm_100")) == "NVIDIA B200"
+    assert devices.target_gpu_name(EvalConfig(arch="sm_87")) == "NVIDIA GPU of compute capability 8.7"
 
 
 def test_an_nvcc_that_cannot_build_for_the_card_is_said_at_start(tmp_path):
     nvcc = tmp_path / "nvcc"
     nvcc.write_text("#!/bin/sh\necho sm_75 sm_80 sm_86 sm_89 sm_90\n")
     nvcc.chmod(0o755)
-    api.check_nvcc_arch("sm_90", str(nvcc))
-    api.check_nvcc_arch("sm_90a", str(nvcc))
+    devices.check_nvcc_arch("sm_90", str(nvcc))
+    devices.check_nvcc_arch("sm_90a", str(nvcc))
     with pytest.raises(RuntimeError, match="cannot build for sm_120"):
-        api.check_nvcc_arch("sm_120", str(nvcc))
+        devices.check_nvcc_arch("sm_120", str(nvcc))

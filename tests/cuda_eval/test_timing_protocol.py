@@ -238,7 +238,8 @@ class _FakeDevice:
 
 
 def _job(device_type: str = "cpu"):
-    from cuda_eval.api import EvalConfig, job_config
+    from cuda_eval.api import EvalConfig
+    from cuda_eval.orchestrator.evaluator import job_config
     from cuda_eval.judge.job import Job
     job = Job.__new__(Job)   # no socket, no task: only the arithmetic of the timing phase
     job.device, job.flags, job.meta = _FakeDevice(device_type), [], {}

@@ -110,7 +110,7 @@ def test_cached_reference_time_is_checked_next_to_each_candidate(compile_pool, t
     speedup) is replaced by a full timing now; one that is 10x too fast (as when the GPU is shared with another
     process now) is kept, since a candidate must not raise its speedup by slowing what runs after it, and
     the verdict says its speedup is an under-estimate (meta.timing_contended)."""
-    from cuda_eval.ref_timing import task_hash
+    from cuda_eval.orchestrator.ref_timing import task_hash
     cand = BY_NAME["honest_relu"]
     digest = task_hash(cand.task_source)
     with Evaluator(cpu_config(ref_timing_cache_dir=str(tmp_path / "ref")), compile_pool=compile_pool) as ev:
@@ -138,7 +138,7 @@ def test_forged_verdict_files_never_reach_the_verdict_or_the_cache(compile_pool,
     progress.json and ready.json of its working directory, then returns zeros. Nothing there is read: the judge,
     another process under another uid, compares the outputs itself (incorrect), and the reference-timing cache holds
     only the judge's own measurement, taken before the candidate was loaded."""
-    from cuda_eval.ref_timing import task_hash
+    from cuda_eval.orchestrator.ref_timing import task_hash
     cand = BY_NAME["forge_result_file"]
     with Evaluator(cpu_config(ref_timing_cache_dir=str(tmp_path / "ref")), compile_pool=compile_pool) as ev:
         r = ev.evaluate([corpus_index.request(cand)])[0]
@@ -206,8 +206,8 @@ def test_references_alone_give_a_verdict_per_task(compile_pool, tmp_path, monkey
     timed (and cached); a task whose code raises, one too large for the memory limit and one whose forward never
     returns each get a task-level verdict (meta.reference_error; reference_oom, reference_timeout), never an
     internal error, and the slot goes on."""
-    from cuda_eval import gpu_pool
-    from cuda_eval.ref_timing import task_hash
+    from cuda_eval.orchestrator import gpu_pool
+    from cuda_eval.orchestrator.ref_timing import task_hash
     monkeypatch.setattr(gpu_pool, "JUDGE_MARGIN_S", 2.0)
     good = BY_NAME["honest_relu"].task_source
     raising = good.replace("def get_inputs():", "def get_inputs():\n    raise ValueError('no inputs today')")

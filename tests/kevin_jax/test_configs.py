@@ -396,10 +396,10 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     checkpoint in flight) fit 503 GiB with ~64 GiB left, and the 8-GPU layouts (every GPU, 2 spares, 8 builds) fit
     a 560 GiB host (and 503). A float32 first moment does not fit the 8-GPU layouts on 560 GiB; cuda_eval's
     defaults (8 spares per GPU, a build per core) do not fit a 4-GPU node. The refusal names the parts."""
-    from cuda_eval import api
+    from cuda_eval.orchestrator import devices
     from kevin_jax import placement
     monkeypatch.setattr(placement, "host_memory_gib", lambda: 503)
-    monkeypatch.setattr(api, "_usable_cpus", lambda: 64)          # the 4-GPU node's cores (spares, builds)
+    monkeypatch.setattr(devices, "_usable_cpus", lambda: 64)          # the 4-GPU node's cores (spares, builds)
 
     def place(layout, gpus, *overrides):
         config = _load("kevin32b", "--config.model.shape=qwq_32b", *overrides, arg=f":{layout}").lock()
@@ -429,10 +429,10 @@ def test_an_offloaded_run_counts_the_evaluator_in_the_hosts_memory(monkeypatch):
     # CPU mode: its slots have judges and spares too
     cpu = placement.EvaluatorFootprint.of(_load("one_gpu", "--config.eval.device_type=cpu",
                                                  "--config.eval.cpu_workers=3").eval, 4)
-    assert (cpu.gpus, cpu.spares) == (3, api.auto_spare_workers(3))
+    assert (cpu.gpus, cpu.spares) == (3, devices.auto_spare_workers(3))
     # 8 GPUs, every GPU evaluating with 2 spares, 8 builds: fit 560 GiB and 503 GiB; with a float32 first moment
     # they need ~566 GiB
-    monkeypatch.setattr(api, "_usable_cpus", lambda: 128)
+    monkeypatch.setattr(devices, "_usable_cpus", lambda: 128)
     for ram in (503, 560):
         monkeypatch.setattr(placement, "host_memory_gib", lambda ram=ram: ram)
         for layout in ("h100x8", "h200x8"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cuda_eval import feedback
+from cuda_eval.orchestrator import feedback
 from cuda_eval.api import EvalResult
 
 from kevin_jax import parallel, policy_init, sft
@@ -132,7 +132,7 @@ def test_corpus_answers_are_the_solutions_and_one_deliberate_compile_error(corpu
 
 @pytest.mark.parametrize("which", ["plain", "shipped"])
 def test_corpus_feedback_is_the_evaluators_rendering(corpus, shipped, which):
-    """Every feedback is cuda_eval.feedback.render of the verdict it describes; only correct attempts show timings:
+    """Every feedback is cuda_eval's feedback.render of the verdict it describes; only correct attempts show timings:
     the generator's illustrative speedups without measurements, the measured ones in the shipped corpus."""
     gen = _generator()
     data = gen.load_speedups(gen.DEFAULT_SPEEDUPS)

@@ -122,7 +122,7 @@ def test_slow_to_fast_rewrites_follow_slow_feedback_and_fast_kernels_are_kept():
     assert rewrites and all(r["variant"] == "fast" and r["speedup"] == 0.97 for r in rewrites)
     for r in rewrites:
         last = r["attempts"][-1]["feedback"]
-        assert "a speedup of 0.30x" in last        # cuda_eval.feedback's rendering of the measured slow kernel
+        assert "a speedup of 0.30x" in last        # cuda_eval's feedback rendering of the measured slow kernel
         assert code_of(r["response"]) == SOURCES[(LEAKY, "correct_naive")]
     kept_fast = [r for r in recs if r["origin"] == "correct_naive:kept"]
     assert {len(r["attempts"]) for r in kept_fast} == {1, 2, 3}

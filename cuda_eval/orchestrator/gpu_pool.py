@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from cuda_eval import host_memory
+from cuda_eval.orchestrator import host_memory
 from cuda_eval.protocol import channel
 from cuda_eval.protocol.channel import ChannelError
 from cuda_eval.sandbox import safe_dirs
@@ -148,8 +148,8 @@ class GpuPool:
     def __init__(self, config: PoolConfig, *, spawn: Callable | None = None, limits: Callable | None = None):
         self.config = config
         if spawn is None:  # as root, refuse now (SandboxUnavailable) rather than fail every job later
-            from cuda_eval.sandbox import runner as sandbox
-            sandbox.identity_mode()
+            from cuda_eval.sandbox.identity import identity_mode
+            identity_mode()
         self._spawn = spawn or default_spawn
         self._limits = limits or default_limits
         self._own_run_dir = config.run_dir is None
@@ -459,8 +459,8 @@ class GpuPool:
             channel.send(sock, {"op": "output_buffer", "ok": False, "needed_bytes": need,
                                 "error": f"an output buffer of {size} bytes could not be made ({e})"})
             return None
-        from cuda_eval.sandbox import runner as sandbox
-        grant = _OutputGrant(self, token, fd, sandbox.exempt_from_disk_quota(fd))
+        from cuda_eval.sandbox.quota import exempt_from_disk_quota
+        grant = _OutputGrant(self, token, fd, exempt_from_disk_quota(fd))
         try:
             channel.send_fd(sock, {"op": "output_buffer", "ok": True, "bytes": size}, fd)
         except OSError:
@@ -519,8 +519,8 @@ class _OutputGrant:
         """Our descriptor closed (the memory goes when the judge and the worker have closed theirs too)."""
         if self.fd < 0:
             return
-        from cuda_eval.sandbox import runner as sandbox
-        sandbox.end_disk_quota_exemption(self.quota_key)
+        from cuda_eval.sandbox.quota import end_disk_quota_exemption
+        end_disk_quota_exemption(self.quota_key)
         os.close(self.fd)
         self.fd = -1
         self.pool._release_host_memory(self.token)
