@@ -12,8 +12,9 @@ Command (one node; JAX and cuda_eval share its GPUs):
       --config.model.hf_checkpoint=/ckpt/QwQ-32B --config.tasks.kernelbench_dir=/data/KernelBench
 (or --config.tasks.parquet=<the Hugging Face export>; with neither, the built-in tasks). Evaluating a checkpoint a
 user brings (Kevin-32B's public float32 weights, or any Qwen2 HF directory; its config.json gives the architecture):
-  python launch/eval.py --config=configs/kevin32b.py --checkpoint=/ckpt/Kevin-32B --out=/ckpt/kevin32b-eval \
-      --trajectories=16 --turns=8 --config.tasks.kernelbench_dir=/data/KernelBench The node's layout is chosen
+  python launch/eval.py --config=configs/kevin32b.py --checkpoint=/ckpt/Kevin-32B --out=/ckpt/kevin32b-eval \\
+      --trajectories=16 --turns=8 --config.tasks.kernelbench_dir=/data/KernelBench
+The node's layout is chosen
 from the GPUs nvidia-smi lists (how many, how much memory each: kevin_jax/hardware.py), or named after the file name:
 --config=configs/kevin32b.py:h100x4 (h100x4, h100x8, h200x4, h200x8; 80 GB cards count as H100, 141 GB as H200).
 

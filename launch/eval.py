@@ -13,14 +13,14 @@
     python launch/eval.py --config=... --export_prompts=/tmp/prompts.jsonl        # give these to another model
     python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other
     # the same answers under Kevin's rules and KernelBench's (EvalConfig.profile), tables side by side
-    python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other \
+    python launch/eval.py --config=... --external=/tmp/other_model.jsonl --out=/tmp/eval_other \\
         --profiles=kevin,kernelbench
     # the per-kernel profile of each task's best kernel (kernels, launch configuration, registers, spills,
     # occupancy, bytes and FLOPs over its time; cuda_eval.api.profile_breakdown) in <out>/kernel_profiles.txt
     python launch/eval.py --config=... --checkpoint=... --out=... --profile
     # a Hugging Face checkpoint directory a user brings (Kevin-32B's float32 shards, or bf16 ones): streamed onto the
     # GPUs shard by shard, tensor by tensor, cast to bf16 on the way; Kevin's protocol: 16 trajectories x 8 turns
-    python launch/eval.py --config=configs/kevin32b.py --checkpoint=/ckpt/Kevin-32B --out=/ckpt/kevin32b-eval \
+    python launch/eval.py --config=configs/kevin32b.py --checkpoint=/ckpt/Kevin-32B --out=/ckpt/kevin32b-eval \\
         --config.tasks.kernelbench_dir=/data/KernelBench --trajectories=16 --turns=8
     # test-time beam search: keep the 4 best of 16 trajectories after every turn, copy each 4 times
     python launch/eval.py --config=... --checkpoint=... --out=... --beam_width=4 --beam_block_turns=1

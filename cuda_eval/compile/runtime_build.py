@@ -19,7 +19,7 @@ import tempfile
 from cuda_eval.compile.builder import BuildConfig, Builder, BuildError
 from cuda_eval.compile.toolchain import Toolchain
 from cuda_eval.protocol.extension_spec import ExtensionSpec
-from cuda_eval.sandbox.environment import _map_in
+from cuda_eval.sandbox.environment import map_in
 from cuda_eval.sandbox.runtime import RuntimeView
 
 # No precompiled header and no object cache: both live in the cache, which a sandboxed process only reads.
@@ -35,7 +35,7 @@ def staged(toolchain: Toolchain, path_map) -> Toolchain:
 
     def mapped(value):
         if isinstance(value, str):
-            return _map_in(value, view)
+            return map_in(value, view)
         if isinstance(value, (list, tuple)):
             return [mapped(v) for v in value]
         if isinstance(value, dict):

@@ -57,7 +57,7 @@ from cuda_eval.protocol.tensors import bitwise_equal, tensors_in
 WORKER_META = ("extension_functions", "extension_calls", "custom_op_calls", "candidate_ops", "python_ops",
                "python_torch_calls", "new_native_threads", "fork_check", "trace_calls", "kernels", "kernel_streams",
                "own_kernel_launches", "kernel_trace_skipped", "identity_changes", "call_windows", "call_groups",
-               "call_foreign_kernels", "call_trace_skipped", "kernels_known")
+               "call_foreign_kernels", "call_trace_skipped", "kernels_known", "runtime_builds")
 WORKER_META_ITEMS = {"call_windows": tracing.CALL_WINDOWS_MAX}
 
 

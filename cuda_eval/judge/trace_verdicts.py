@@ -43,9 +43,10 @@ class TraceVerdicts:
     def check_built_kernels(self) -> None:
         """On a GPU, a program whose built extensions hold no kernel (their device code, read by the compile stage
         from the files it built) runs no kernel of its own, whatever its source says: decided here, not by the
-        worker."""
+        worker. A program that built an extension at run time (the worker says so: it can only turn this check off,
+        as a forged trace can) is left to the trace's and the worker's checks, which know that build's kernels."""
         if self.device.type == "cuda" and self.settings.dynamic.require_custom_kernel and not self.kernel_names \
-                and kernels_known(self.modules):
+                and kernels_known(self.modules) and not self.meta.get("runtime_builds"):
             self.flag("no_custom_kernel", "the program's built extensions hold no CUDA kernel (their device code, "
                                           "read from the built files)")
 

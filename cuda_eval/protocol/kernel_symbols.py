@@ -8,16 +8,19 @@ cubin (a FUNC symbol marked STO_CUDA_ENTRY) or a `.entry` of PTX. Entries compre
 only when the same fat binary holds a cubin (the cubin of a translation unit holds every kernel its PTX does);
 otherwise the kernels are unknown (None), and callers fall back to checks that need no names.
 
-Parsing is plain Python over bytes with every offset bounded: the shared object is built from hostile source, so
-no tool of ours (cuobjdump, a C demangler on unbounded input) runs on it in the trusted process.
+Parsing is plain Python over bytes with every offset, scan and count bounded (a linear pass over at most the fat
+binary section): the shared object is built from hostile source, so no tool of ours (cuobjdump) runs on it, and
+anything malformed makes the kernels unknown (None), never an error. Demangling (a mangled name with
+back-references grows exponentially when demangled) runs in a child process with a memory and CPU limit.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
+import json
+import mmap
 import re
 import struct
+import subprocess
+import sys
 
 FATBIN_MAGIC = 0xBA55ED50
 _KIND_PTX, _KIND_ELF = 1, 2
@@ -25,8 +28,13 @@ _FLAG_COMPRESSED = 0x2000 | 0x8000     # LZ4 (nvcc's "speed" mode) | zstd (its d
 STO_CUDA_ENTRY = 0x10
 _STT_FUNC = 2
 _MAX_NAME = 4096                       # symbol names longer than this are cut (no demangling of them either)
-_MAX_KERNELS = 4096
-_PTX_ENTRY = re.compile(rb"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([A-Za-z_$%][\w$%]*)", re.M)
+_MAX_KERNELS = 4096                    # more kernel symbols than this: unknown (never a silently cut list)
+_MAX_FATBIN = 32 << 20                 # a larger .nv_fatbin section: unknown (honest ones are KBs to MBs)
+_MAX_PTX = 32 << 20                    # a larger PTX text: unreadable
+_MAX_DEMANGLED = 8 * _MAX_NAME         # a longer demangled form: the mangled name stands alone
+_SYMBOL_SIZE = 24                      # an ELF64 symbol table entry
+# [ \t], not \s: with re.M, \s also matches newlines, and a body of newlines would backtrack quadratically
+_PTX_ENTRY = re.compile(rb"^[ \t]*(?:\.visible[ \t]+|\.weak[ \t]+)?\.entry[ \t]+([A-Za-z_$%][\w$%]*)", re.M)
 
 
 class BinaryError(ValueError):
@@ -39,7 +47,7 @@ def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int, int]]:
         raise BinaryError("not a little-endian ELF64 file")
     shoff, = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
-    if shentsize < 64 or shnum > 65535 or shoff + shnum * shentsize > len(elf) or shstrndx >= max(shnum, 1):
+    if shentsize < 64 or not 0 < shnum <= 65535 or shoff + shnum * shentsize > len(elf) or shstrndx >= shnum:
         raise BinaryError("bad section table")
     heads = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
     names_off, names_size = heads[shstrndx][4], heads[shstrndx][5]
@@ -47,7 +55,7 @@ def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int, int]]:
     for i, (name, _type, _flags, _addr, off, size, link, _info, _align, entsize) in enumerate(heads):
         if name >= names_size:
             continue
-        end = elf.find(b"\0", names_off + name, names_off + names_size)
+        end = elf.find(b"\0", names_off + name, min(names_off + names_size, names_off + name + _MAX_NAME + 1))
         if end < 0:
             continue
         if off + size > len(elf) and _type != 8:   # SHT_NOBITS has no bytes in the file
@@ -63,7 +71,9 @@ def cubin_kernels(elf: bytes) -> list[str]:
     if sym is None:
         return []
     off, size, link, entsize, _ = sym
-    entsize = entsize or 24
+    if entsize not in (0, _SYMBOL_SIZE):
+        raise BinaryError("symbol table entries of an unexpected size")
+    entsize = _SYMBOL_SIZE
     by_index = {v[4]: v for v in sections.values()}
     if link not in by_index:
         raise BinaryError("symbol table without its string table")
@@ -73,9 +83,14 @@ def cubin_kernels(elf: bytes) -> list[str]:
         st_name, st_info, st_other = struct.unpack_from("<IBB", elf, p)
         if st_info & 0xF != _STT_FUNC or not st_other & STO_CUDA_ENTRY or st_name >= str_size:
             continue
-        end = elf.find(b"\0", str_off + st_name, str_off + str_size)
-        if end > str_off + st_name:
-            names.append(elf[str_off + st_name:min(end, str_off + st_name + _MAX_NAME)].decode("latin-1"))
+        start = str_off + st_name
+        end = elf.find(b"\0", start, min(str_off + str_size, start + _MAX_NAME))
+        if end < 0:
+            end = min(str_off + str_size, start + _MAX_NAME)   # cut (a name no profiler shows whole either)
+        if end > start:
+            names.append(elf[start:end].decode("latin-1"))
+            if len(names) > _MAX_KERNELS:
+                raise BinaryError("more kernel symbols than are read")
     return names
 
 
@@ -103,8 +118,12 @@ def fatbin_kernels(section: bytes) -> tuple[list[str], int]:
             elif kind == _KIND_ELF:
                 found = True
                 names += cubin_kernels(body)
+            elif kind == _KIND_PTX and len(body) > _MAX_PTX:
+                compressed = True        # too large to read: unknown, as a compressed one
             elif kind == _KIND_PTX:
                 ptx_names += [m.group(1)[:_MAX_NAME].decode("latin-1") for m in _PTX_ENTRY.finditer(body)]
+            if len(names) + len(ptx_names) > _MAX_KERNELS:
+                raise BinaryError("more kernel symbols than are read")
             q += entry_header + entry_size
         if found:
             pass                      # the cubins hold every kernel of this translation unit
@@ -118,59 +137,82 @@ def fatbin_kernels(section: bytes) -> tuple[list[str], int]:
 
 def binary_kernels(path: str) -> list[str] | None:
     """The kernel symbols (mangled, sorted, unique) of the device code in the shared object at `path`: [] when it
-    has none, None when some of it cannot be read (see the module doc) or the file is no ELF we can read."""
+    has none, None when some of it cannot be read (see the module doc) or the file is no ELF we can read. The file is
+    mapped, not read: only its section table and its `.nv_fatbin` section are looked at."""
     try:
-        with open(path, "rb") as f:
-            elf = f.read()
-        sections = _sections(elf)
-        fatbin = sections.get(".nv_fatbin")
-        if fatbin is None:
-            return []
-        names, unreadable = fatbin_kernels(elf[fatbin[0]:fatbin[0] + fatbin[1]])
-    except (OSError, BinaryError, struct.error):
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as elf:
+            sections = _sections(elf)
+            fatbin = sections.get(".nv_fatbin")
+            if fatbin is None:
+                return []
+            if fatbin[1] > _MAX_FATBIN:
+                return None
+            names, unreadable = fatbin_kernels(elf[fatbin[0]:fatbin[0] + fatbin[1]])
+    except (OSError, ValueError, IndexError, OverflowError, struct.error, MemoryError):   # BinaryError included
         return None
     if unreadable:
         return None
-    return sorted(set(names))[:_MAX_KERNELS]
+    return sorted(set(names))
 
 
-@functools.lru_cache(maxsize=1)
-def _cxa_demangle():
+# The child that demangles: its own address-space and CPU limits bound what a hostile name can cost; names on stdin
+# (JSON), their demangled forms (or null) on stdout.
+_DEMANGLER = r"""
+import ctypes, ctypes.util, json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+resource.setrlimit(resource.RLIMIT_CPU, (5, 5))
+try:
+    lib = ctypes.CDLL("libstdc++.so.6")
+except OSError:
+    lib = ctypes.CDLL(ctypes.util.find_library("stdc++"))
+fn = lib.__cxa_demangle
+fn.restype = ctypes.c_void_p
+fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+free = ctypes.CDLL(None).free
+free.argtypes = [ctypes.c_void_p]
+out = []
+for name in json.load(sys.stdin):
+    status = ctypes.c_int(0)
+    ptr = fn(name.encode("latin-1"), None, None, ctypes.byref(status))
+    text = None
+    if ptr:
+        if status.value == 0:
+            raw = ctypes.string_at(ptr)
+            text = raw.decode("latin-1") if len(raw) <= MAX_CHARS else None
+        free(ptr)
+    out.append(text)
+json.dump(out, sys.stdout)
+"""
+
+
+def _mangled(name: str) -> bool:
+    return name.startswith("_Z") and len(name) <= _MAX_NAME and re.fullmatch(r"[\w$.]+", name) is not None
+
+
+def demangle_all(names) -> dict[str, str]:
+    """{name: its C++ demangled form, as the CUDA profiler shows kernel names (`_Z3fooPf` -> `foo(float*)`)} for the
+    names that are mangled C++ names and demangle within the child's limits (the others are left out: extern "C"
+    kernels, and names whose demangled form is too large, which then match only by their mangled form)."""
+    todo = sorted({n for n in names if _mangled(n)})
+    if not todo:
+        return {}
     try:
-        lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
-        fn = lib.__cxa_demangle
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-    free = ctypes.CDLL(None).free
-    free.argtypes = [ctypes.c_void_p]
-    return fn, free
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _DEMANGLER.replace("MAX_CHARS", str(_MAX_DEMANGLED))],
+                              input=json.dumps(todo), capture_output=True, text=True, timeout=20)
+        out = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        out = None
+    if not isinstance(out, list) or len(out) != len(todo):
+        return {}
+    return {n: d for n, d in zip(todo, out) if isinstance(d, str) and d}
 
 
 def demangle(name: str) -> str:
-    """The C++ demangled form of a symbol, as the CUDA profiler shows kernel names (`_Z3fooPf` -> `foo(float*)`);
-    the name itself when it is not a mangled C++ name (extern "C" kernels) or cannot be demangled."""
-    if not name.startswith("_Z") or len(name) > _MAX_NAME or not re.fullmatch(r"[\w$.]+", name):
-        return name
-    found = _cxa_demangle()
-    if found is None:
-        return name
-    fn, free = found
-    status = ctypes.c_int(0)
-    ptr = fn(name.encode("latin-1"), None, None, ctypes.byref(status))
-    if not ptr:
-        return name
-    try:
-        return ctypes.string_at(ptr).decode("latin-1") if status.value == 0 else name
-    finally:
-        free(ptr)
+    """The demangled form of one symbol (demangle_all), or the name itself."""
+    return demangle_all([name]).get(name, name)
 
 
 def kernel_names(symbols) -> list[str]:
     """The names a kernel trace may show for these symbols: each mangled name and its demangled form."""
-    out = set()
-    for s in symbols:
-        out.add(s)
-        out.add(demangle(s))
-    return sorted(out)
+    symbols = list(symbols)
+    return sorted(set(symbols) | set(demangle_all(symbols).values()))

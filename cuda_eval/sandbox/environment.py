@@ -102,7 +102,7 @@ def _our_python_names() -> set[str]:
     return {sys.executable, os.path.realpath(sys.executable), "python", "python3", f"python{v.major}.{v.minor}"}
 
 
-def _map_in(arg: str, view: RuntimeView) -> str:
+def map_in(arg: str, view: RuntimeView) -> str:
     """Rewrite real paths that the sandbox uid cannot read (anywhere inside one argument, e.g. -I<path>)."""
     for real, staged in view.path_map:
         if real in arg:

@@ -21,7 +21,7 @@ from typing import Any
 from cuda_eval import _native
 from cuda_eval.sandbox import cgroups
 from cuda_eval.sandbox.config import OOM_SCORE_ADJ, SHM_BYTES
-from cuda_eval.sandbox.environment import (DEFAULT_ENV_ALLOW, _base_env, _count_own_tasks, _map_in, _our_python_names,
+from cuda_eval.sandbox.environment import (DEFAULT_ENV_ALLOW, _base_env, _count_own_tasks, map_in, _our_python_names,
                                            prepare_workdir)
 from cuda_eval.sandbox.identity import _acquire_identity, _inside_sandbox, _unprivileged_mode
 from cuda_eval.sandbox.probes import _probe_namespace, _probe_netns
@@ -169,7 +169,7 @@ class SandboxSession:
     def map_path(self, path: str) -> str:
         """A real path as the sandboxed processes must name it (staged copies for unreadable ones). run/spawn
         apply this to every argument themselves: callers keep real paths (e.g. in cache keys)."""
-        return path if self.view is None else _map_in(path, self.view)
+        return path if self.view is None else map_in(path, self.view)
 
     def _kwargs(self, argv: Sequence[str], limits: SandboxLimits, cwd: str | None,
                 extra_env: Mapping[str, str] | None):
@@ -186,7 +186,7 @@ class SandboxSession:
             # The sandbox uid may not be able to run our interpreter or read our paths: use the staged copies.
             if argv[0] in _our_python_names():
                 argv[0] = view.python
-            argv = [_map_in(a, view) for a in argv]
+            argv = [map_in(a, view) for a in argv]
         processes = limits.processes
         if self.mode == "same" and processes is not None and os.geteuid() != 0:
             # RLIMIT_NPROC counts every task of our uid (a user namespace starts its own count at 0)

@@ -13,8 +13,8 @@ the dispatcher (at::cpu::mm: library_heavy_op, as the op tracer flags their disp
 The dynamic checks in worker/ catch what static analysis cannot (ops reached through helpers we cannot resolve,
 C++ wrappers calling ATen, kernels never launched); these static flags are cheap and let the evaluator skip the GPU.
 
-Also exported: `cuda_kernel_names(sources)`, the `__global__` function names of CUDA sources (the worker uses them
-to recognise the candidate's own kernels in a profiler trace).
+Also exported: `cuda_kernel_names(sources)`, the `__global__` function names of CUDA sources (the reserved-name rule
+reads them; which kernels are the candidate's comes from its built binary: protocol/kernel_symbols.py).
 """
 from __future__ import annotations
 

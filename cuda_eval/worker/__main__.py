@@ -492,6 +492,8 @@ class Worker:
         them: the binary's symbols), or makes them unknown."""
         def build_and_read(spec):
             so_path = build(spec)
+            # the judge's own no_custom_kernel decision reads only the compile stage's builds: it must know of this one
+            self.meta["runtime_builds"] = int(self.meta.get("runtime_builds") or 0) + 1
             symbols = kernel_symbols.binary_kernels(so_path)
             if symbols is None:
                 self.kernels_known = self.meta["kernels_known"] = False

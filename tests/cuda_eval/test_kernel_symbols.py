@@ -96,3 +96,34 @@ def test_demangling_is_bounded():
     assert kernel_symbols.demangle("plain_c") == "plain_c"
     assert kernel_symbols.demangle("_Z" + "x" * 10000) == "_Z" + "x" * 10000      # too long: left as it is
     assert kernel_symbols.demangle("_Z3foo;rm") == "_Z3foo;rm"                    # not a symbol
+
+
+def test_a_section_table_without_sections_is_unknown(tmp_path):
+    """An ELF header that declares no sections (e_shnum 0, e_shstrndx 0) is unknown, not an IndexError."""
+    elf = bytearray(128)
+    elf[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", elf, 0x28, 64)
+    struct.pack_into("<HHH", elf, 0x3A, 64, 0, 0)
+    path = tmp_path / "no_sections.so"
+    path.write_bytes(bytes(elf))
+    assert kernel_symbols.binary_kernels(str(path)) is None
+
+
+def test_more_kernels_than_are_read_is_unknown(monkeypatch):
+    """A PTX text with more `.entry`s than are read makes the kernels unknown, never a list silently cut short."""
+    monkeypatch.setattr(kernel_symbols, "_MAX_KERNELS", 3)
+    ptx = b"".join(b".visible .entry k%d(\n)\n{\n}\n" % i for i in range(5))
+    entry = struct.pack("<HHIQ", 1, 0x101, 16, len(ptx)) + ptx
+    section = struct.pack("<IHHQ", kernel_symbols.FATBIN_MAGIC, 1, 16, len(entry)) + entry
+    with pytest.raises(kernel_symbols.BinaryError):
+        kernel_symbols.fatbin_kernels(section)
+    monkeypatch.setattr(kernel_symbols, "_MAX_KERNELS", 10)
+    assert kernel_symbols.fatbin_kernels(section) == ([f"k{i}" for i in range(5)], 0)
+
+
+def test_a_demangled_form_too_large_is_left_out(monkeypatch):
+    """The demangler runs in a child with its own limits; a demangled form over the size cap is dropped (the
+    mangled name then stands alone), the others are kept."""
+    monkeypatch.setattr(kernel_symbols, "_MAX_DEMANGLED", 12)
+    assert kernel_symbols.demangle_all(["_Z3fooPf", "_Z6foobarPfS_S_"]) == {"_Z3fooPf": "foo(float*)"}
+    assert kernel_symbols.kernel_names(["_Z6foobarPfS_S_"]) == ["_Z6foobarPfS_S_"]
